@@ -1,0 +1,209 @@
+// The op set: what the engine's forward pass asks of a backend (architecture.md §3–§5).
+//
+// The engine never touches activation or state memory itself; it allocates through the backend
+// and composes these ops, so the same forward pass runs on the CPU reference and on the GPU.
+// Activations are float arrays, row-major, outermost dimension first. In `deepseek` numerics a
+// backend reproduces the official reference (FP8/FP4 activation quantization, KV FP8 and indexer
+// FP4 simulation, the bf16 roundings of §5), and values between ops are bf16-representable; in
+// `plain` numerics everything is fp32 on the dequantized weights and no quantization step runs.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/weights.h"
+
+namespace dsv4 {
+
+enum class Numerics { deepseek, plain };
+const char* to_string(Numerics numerics);
+Numerics parse_numerics(const std::string& name);  // "deepseek" | "plain"
+
+// How a matrix product is computed (§3.0 "Linear kinds"). In plain numerics all are fp32.
+enum class Compute {
+  quantized,  // FP8/FP4 weights: per-128 FP8 activation quantization, scaled K-tile sums, bf16 out
+  bf16,       // bf16 operands (weights dequantized exactly), fp32 accumulate, bf16 out
+  f32,        // fp32 in, fp32 accumulate, fp32 out
+};
+
+// RoPE frequencies of one layer kind (§3.0): rope_head_dim/2 fp32 values.
+struct RopeFreqs {
+  std::vector<float> freqs;
+  int64_t dims() const { return int64_t(freqs.size()) * 2; }
+};
+
+// A window of raw KV rows for attention: rows of consecutive positions [first_pos, first_pos+n).
+struct SwaRows {
+  const float* kv = nullptr;
+  int64_t first_pos = 0;
+  int64_t n = 0;
+  int64_t window = 0;  // query t sees positions (t - window, t]
+};
+
+// Compressed rows for attention. idx == nullptr: query t sees rows w < floor((t+1)/ratio) (HCA).
+// Otherwise idx[t*k .. t*k+k) lists the rows query t uses, -1 for none (CSA, from the indexer).
+struct CompressedRows {
+  const float* kv = nullptr;
+  int64_t n = 0;
+  int64_t ratio = 0;
+  const int32_t* idx = nullptr;
+  int64_t k = 0;
+};
+
+// Per-sequence fp32 carry of one compressor (§4.2): the not-yet-pooled projections.
+// ratio 4: 8 rows (previous window, then current) of width 2d; ratio 128: 128 rows of width d.
+struct CompressorCarry {
+  float* a = nullptr;
+  float* s = nullptr;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  Numerics numerics() const { return numerics_; }
+
+  // ---- memory ----------------------------------------------------------------------------------
+  virtual float* alloc(size_t n_floats) = 0;
+  virtual void release(float* p) = 0;
+  virtual void copy(float* dst, const float* src, size_t n_floats) = 0;
+  virtual void fill(float* dst, float value, size_t n_floats) = 0;
+  virtual void to_host(float* host_dst, const float* src, size_t n_floats) = 0;
+
+  // ---- ops --------------------------------------------------------------------------------------
+  // X[t, h, :] = embed[tokens[t]] for every stream h (§3.1).
+  virtual void embed(const model::Linear& table, const int32_t* tokens, int64_t T, int64_t hc, float* X) = 0;
+
+  // y[t] = x[t] · W[row0 : row0+rows]ᵀ, x rows of stride x_stride, y rows of stride y_stride.
+  virtual void linear(const model::Linear& W, Compute compute, const float* x, int64_t x_stride, int64_t T,
+                      float* y, int64_t y_stride, int64_t row0, int64_t rows) = 0;
+  void linear(const model::Linear& W, Compute compute, const float* x, int64_t T, float* y) {
+    linear(W, compute, x, W.in, T, y, W.out, 0, W.out);
+  }
+
+  // y = w ⊙ x · rsqrt(mean(x²) + eps) per row of n (w may be null: weightless).
+  virtual void rms_norm(const float* x, const float* w, int64_t rows, int64_t n, double eps, float* y) = 0;
+  // The weightless per-head q norm; in deepseek numerics done in bf16 arithmetic (§3.3).
+  virtual void head_norm(float* q, int64_t rows, int64_t n, double eps) = 0;
+  // y = round(x · s) elementwise.
+  virtual void scale(float* x, int64_t n, float s) = 0;
+  // y = round(a + b) elementwise.
+  virtual void add(const float* a, const float* b, int64_t n, float* y) = 0;
+
+  // Rotates the last freqs.dims() entries of each row (interleaved pairs, §3.0). Rows come in
+  // groups of `group` (heads); group i is at position pos0 + i * pos_step. inverse: rotate by −θ.
+  virtual void rope(float* x, int64_t n_groups, int64_t group, int64_t row_stride, const RopeFreqs& freqs,
+                    int64_t pos0, int64_t pos_step, bool inverse) = 0;
+
+  // KV FP8 simulation of dims [0, n_dims) of each row, 64-blocks (§3.0); no-op in plain.
+  virtual void kv_fp8_sim(float* x, int64_t rows, int64_t row_stride, int64_t n_dims) = 0;
+  // Indexer quantization: Hadamard then FP4 simulation of each row (§3.5); no-op in plain.
+  virtual void indexer_fp4_sim(float* x, int64_t rows, int64_t n) = 0;
+
+  // ---- mHC (§3.2) --------------------------------------------------------------------------------
+  virtual void hc_pre(const model::HcParams& p, const float* X, int64_t T, int64_t hc, int64_t D,
+                      int64_t sinkhorn_iters, double hc_eps, double norm_eps, float* u, float* post,
+                      float* comb) = 0;
+  virtual void hc_post(const float* a, const float* X, const float* post, const float* comb, int64_t T,
+                       int64_t hc, int64_t D, float* X_out) = 0;
+  virtual void hc_head(const model::HcParams& p, const float* X, int64_t T, int64_t hc, int64_t D, double hc_eps,
+                       double norm_eps, float* y) = 0;
+
+  // ---- attention state and attention (§3.3–§3.5, §4) ----------------------------------------------
+  // dst = rows of positions [pos_begin, pos_end) read from the ring (slot = pos mod window).
+  virtual void swa_gather(const float* ring, int64_t window, int64_t width, int64_t pos_begin, int64_t pos_end,
+                          float* dst) = 0;
+  // Writes rows of positions [pos0, pos0+n) into the ring (only the last `window` matter).
+  virtual void swa_store(float* ring, int64_t window, int64_t width, const float* rows, int64_t pos0,
+                         int64_t n) = 0;
+
+  // Pushes T tokens' projections (a, s: [T, width]; ape is added to s here) at positions
+  // [p0, p0+T) into the carry, and writes the pooled value of every window completed by them to
+  // `pooled` ([n_emitted, dim], rounded to bf16 in deepseek numerics). Returns n_emitted.
+  virtual int64_t compressor_push(const model::CompressorWeights& cw, CompressorCarry carry, const float* a,
+                                  const float* s, int64_t p0, int64_t T, float* pooled) = 0;
+  virtual void compressor_reset(const model::CompressorWeights& cw, CompressorCarry carry) = 0;
+
+  // Lightning Indexer selection (§3.5) for queries at [p0, p0+T): q [T, heads, dim], wts [T, heads],
+  // keys [n_keys, dim]; writes, per query, the top-k visible rows by score (descending, ties to the
+  // lower row), -1 padded, into idx [T, k].
+  virtual void indexer_select(const float* q, const float* wts, int64_t T, int64_t heads, int64_t dim,
+                              const float* keys, int64_t n_keys, int64_t ratio, int64_t p0, int64_t k,
+                              int32_t* idx) = 0;
+
+  // Sparse attention with sinks (§3.3) for queries at [p0, p0+T): q [T, H, hd] → out [T, H, hd].
+  virtual void attention(const float* q, int64_t T, int64_t H, int64_t hd, int64_t p0, const SwaRows& swa,
+                         const CompressedRows& comp, const float* sinks, float softmax_scale, float* out) = 0;
+
+  // ---- MoE (§3.6) ---------------------------------------------------------------------------------
+  // Picks k experts per token (by tid2eid when hash, else top-k of score + bias) and their weights.
+  virtual void route(const model::MoeWeights& m, const float* x, const int32_t* tokens, int64_t T, int64_t D,
+                     int64_t k, double routed_scale, int32_t* sel, float* weights) = 0;
+  // out = Σ_{e∈sel} expert_e(x)·w_e (ascending e) + shared(x), clamped SwiGLU with `limit`.
+  virtual void moe(const model::MoeWeights& m, const float* x, const int32_t* sel, const float* weights,
+                   int64_t T, int64_t D, int64_t k, double limit, float* out) = 0;
+
+  // Integer buffers for routing and indexer selections.
+  virtual int32_t* alloc_ids(size_t n) = 0;
+  virtual void release_ids(int32_t* p) = 0;
+
+ protected:
+  explicit Backend(Numerics numerics) : numerics_(numerics) {}
+
+ private:
+  Numerics numerics_;
+};
+
+std::unique_ptr<Backend> make_cpu_backend(Numerics numerics);
+
+// A float buffer owned through a backend.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Backend& backend, size_t n) : backend_(&backend), n_(n), p_(n ? backend.alloc(n) : nullptr) {}
+  Buffer(Buffer&& o) noexcept { *this = std::move(o); }
+  Buffer& operator=(Buffer&& o) noexcept {
+    reset();
+    backend_ = o.backend_, n_ = o.n_, p_ = o.p_;
+    o.p_ = nullptr, o.n_ = 0;
+    return *this;
+  }
+  ~Buffer() { reset(); }
+  float* get() const { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  void reset() {
+    if (p_) backend_->release(p_);
+    p_ = nullptr;
+  }
+  Backend* backend_ = nullptr;
+  size_t n_ = 0;
+  float* p_ = nullptr;
+};
+
+class IdBuffer {
+ public:
+  IdBuffer() = default;
+  IdBuffer(Backend& backend, size_t n) : backend_(&backend), p_(n ? backend.alloc_ids(n) : nullptr) {}
+  IdBuffer(IdBuffer&& o) noexcept { *this = std::move(o); }
+  IdBuffer& operator=(IdBuffer&& o) noexcept {
+    if (p_) backend_->release_ids(p_);
+    backend_ = o.backend_, p_ = o.p_;
+    o.p_ = nullptr;
+    return *this;
+  }
+  ~IdBuffer() {
+    if (p_) backend_->release_ids(p_);
+  }
+  int32_t* get() const { return p_; }
+
+ private:
+  Backend* backend_ = nullptr;
+  int32_t* p_ = nullptr;
+};
+
+}  // namespace dsv4

@@ -1,0 +1,79 @@
+// Sparse attention with sinks over the sliding window plus compressed rows (architecture.md §3.3,
+// §3.4, §4.1), and the sliding-window ring that feeds it.
+//
+// Softmax is exact two-pass per (query, head): logits, their max, then the weighted sum. The sink
+// joins the denominator but not the max; in deepseek numerics the probabilities are rounded to
+// bf16 before P·V while the denominator uses the unrounded exponentials (§3.3). (The reference
+// kernel runs an online softmax over 64-row blocks; that only changes which max each bf16
+// rounding is relative to.)
+#include <cmath>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/quant.h"
+#include "core/error.h"
+#include "core/parallel.h"
+
+namespace dsv4::cpu {
+
+void CpuBackend::swa_gather(const float* ring, int64_t window, int64_t width, int64_t pos_begin, int64_t pos_end,
+                            float* dst) {
+  for (int64_t p = pos_begin; p < pos_end; ++p)
+    copy(dst + (p - pos_begin) * width, ring + (p % window) * width, size_t(width));
+}
+
+void CpuBackend::swa_store(float* ring, int64_t window, int64_t width, const float* rows, int64_t pos0, int64_t n) {
+  for (int64_t i = std::max<int64_t>(0, n - window); i < n; ++i)
+    copy(ring + ((pos0 + i) % window) * width, rows + i * width, size_t(width));
+}
+
+void CpuBackend::attention(const float* q, int64_t T, int64_t H, int64_t hd, int64_t p0, const SwaRows& swa,
+                           const CompressedRows& comp, const float* sinks, float softmax_scale, float* out) {
+  DSV4_CHECK(swa.first_pos <= std::max<int64_t>(0, p0 - swa.window + 1) && swa.first_pos + swa.n >= p0 + T,
+             "window rows [{}, {}) do not cover queries [{}, {})", swa.first_pos, swa.first_pos + swa.n, p0, p0 + T);
+  parallel_for(T, [&](int64_t t) {
+    const int64_t pos = p0 + t;
+    // Phase 1: the rows this query attends, oldest window row first, then compressed rows.
+    std::vector<const float*> rows;
+    for (int64_t j = std::max<int64_t>(0, pos - swa.window + 1); j <= pos; ++j)
+      rows.push_back(swa.kv + (j - swa.first_pos) * hd);
+    if (comp.idx) {
+      for (int64_t i = 0; i < comp.k; ++i) {
+        const int32_t w = comp.idx[t * comp.k + i];
+        if (w >= 0 && w < comp.n) rows.push_back(comp.kv + int64_t(w) * hd);
+      }
+    } else if (comp.ratio > 0) {
+      const int64_t visible = std::min(comp.n, (pos + 1) / comp.ratio);
+      for (int64_t w = 0; w < visible; ++w) rows.push_back(comp.kv + w * hd);
+    }
+    const int64_t n = int64_t(rows.size());
+    std::vector<float> p(static_cast<size_t>(n));
+    for (int64_t h = 0; h < H; ++h) {
+      const float* qh = q + (t * H + h) * hd;
+      // Phase 2: logits and their max (the sink is not part of the max).
+      float mx = -INFINITY;
+      for (int64_t j = 0; j < n; ++j) {
+        p[size_t(j)] = dot(qh, rows[size_t(j)], hd) * softmax_scale;
+        mx = std::fmax(mx, p[size_t(j)]);
+      }
+      // Phase 3: exponentials, denominator with the sink, P·V.
+      float den = 0.0f;
+      for (int64_t j = 0; j < n; ++j) {
+        const float e = std::exp(p[size_t(j)] - mx);
+        den += e;
+        p[size_t(j)] = round(e);
+      }
+      den += std::exp(sinks[h] - mx);
+      float* oh = out + (t * H + h) * hd;
+      for (int64_t d = 0; d < hd; ++d) oh[d] = 0.0f;
+      for (int64_t j = 0; j < n; ++j) {
+        const float pj = p[size_t(j)];
+        const float* v = rows[size_t(j)];
+        for (int64_t d = 0; d < hd; ++d) oh[d] += pj * v[d];
+      }
+      for (int64_t d = 0; d < hd; ++d) oh[d] = round(oh[d] / den);
+    }
+  });
+}
+
+}  // namespace dsv4::cpu

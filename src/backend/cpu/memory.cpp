@@ -1,0 +1,31 @@
+// Host memory for the CPU backend: 64-byte aligned buffers.
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
+
+namespace dsv4::cpu {
+
+static void* aligned(size_t bytes) {
+  void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  if (!p) fail(ErrorCode::out_of_memory, "cpu: cannot allocate {} bytes", bytes);
+  return p;
+}
+
+float* CpuBackend::alloc(size_t n) { return static_cast<float*>(aligned(n * sizeof(float))); }
+void CpuBackend::release(float* p) { std::free(p); }
+int32_t* CpuBackend::alloc_ids(size_t n) { return static_cast<int32_t*>(aligned(n * sizeof(int32_t))); }
+void CpuBackend::release_ids(int32_t* p) { std::free(p); }
+void CpuBackend::copy(float* dst, const float* src, size_t n) { std::memmove(dst, src, n * sizeof(float)); }
+void CpuBackend::to_host(float* dst, const float* src, size_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+void CpuBackend::fill(float* dst, float value, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = value;
+}
+
+}  // namespace dsv4::cpu
+
+namespace dsv4 {
+std::unique_ptr<Backend> make_cpu_backend(Numerics numerics) { return std::make_unique<cpu::CpuBackend>(numerics); }
+}  // namespace dsv4

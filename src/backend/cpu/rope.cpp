@@ -1,0 +1,32 @@
+// Rotary position embedding on the trailing dims of a row, interleaved pairs (architecture.md §3.0).
+#include <cmath>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/parallel.h"
+
+namespace dsv4::cpu {
+
+// For each group i (a token, or a compressed row) at position p = pos0 + i·pos_step, and each of
+// its `group` rows (heads): angle_k = fp32(p)·f_k, computed afresh (never accumulated), and
+// (a, b) ← (a·c − b·s, a·s + b·c) on pair k of the rope slice; inverse uses −s.
+void CpuBackend::rope(float* x, int64_t n_groups, int64_t group, int64_t row_stride, const RopeFreqs& freqs,
+                      int64_t pos0, int64_t pos_step, bool inverse) {
+  const int64_t half = int64_t(freqs.freqs.size());
+  const int64_t offset = row_stride - 2 * half;
+  parallel_for(n_groups, [&](int64_t i) {
+    const float p = float(pos0 + i * pos_step);
+    for (int64_t k = 0; k < half; ++k) {
+      const float angle = p * freqs.freqs[size_t(k)];
+      const float c = std::cos(angle);
+      const float s = inverse ? -std::sin(angle) : std::sin(angle);
+      for (int64_t h = 0; h < group; ++h) {
+        float* v = x + (i * group + h) * row_stride + offset + 2 * k;
+        const float a = v[0], b = v[1];
+        v[0] = round(a * c - b * s);
+        v[1] = round(a * s + b * c);
+      }
+    }
+  });
+}
+
+}  // namespace dsv4::cpu

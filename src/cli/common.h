@@ -1,0 +1,25 @@
+// Helpers shared by the CLI subcommands: model options, token lists, timing.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cli/command.h"
+
+namespace dsv4::cli {
+
+// The folder of the bundled default model (tiny random weights; see README).
+std::string default_model_dir();
+
+// Parses "1, 2 3" or a JSON array "[1,2,3]" into token ids; errors name the bad entry.
+std::vector<int32_t> parse_token_list(const std::string& text);
+// Reads {"tokens": [...]} from a JSON file.
+std::vector<int32_t> read_tokens_json(const std::string& path);
+
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace dsv4::cli

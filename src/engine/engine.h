@@ -1,0 +1,68 @@
+// The engine's narrow boundary: a loaded Model, an Engine that runs it on a backend, and
+// per-sequence state. The CLI, the tests and (later) the server see only this header.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "engine/rope_freqs.h"
+#include "engine/state.h"
+#include "model/config.h"
+#include "model/safetensors.h"
+#include "model/weights.h"
+
+namespace dsv4::engine {
+
+// A checkpoint folder opened, validated and bound: config, mapped tensors, weights.
+class Model {
+ public:
+  static std::unique_ptr<Model> load(const std::string& dir);
+  const model::ModelConfig& config() const { return config_; }
+  const model::Checkpoint& checkpoint() const { return checkpoint_; }
+  const model::Weights& weights() const { return weights_; }
+
+ private:
+  model::ModelConfig config_;
+  model::Checkpoint checkpoint_;
+  model::Weights weights_;
+};
+
+// Receives named intermediates (`l{il}.attn.q`, …; shapes outermost first) for diffing against
+// the oracle's dumps.
+using Tracer = std::function<void(const std::string& name, const std::vector<int64_t>& shape, const float* data)>;
+
+class Engine {
+ public:
+  Engine(const Model& model, std::unique_ptr<Backend> backend);
+
+  SequenceState new_sequence() { return SequenceState(*backend_, model_.config(), model_.weights()); }
+
+  // Runs `tokens` at positions [seq.n_past, seq.n_past + T) in one layer-major pass and advances
+  // the sequence. Returns logits for every token ([T, vocab]) or, with all_logits false, for the
+  // last one ([vocab]). Token ids outside the vocabulary are rejected before anything runs.
+  std::vector<float> forward(SequenceState& seq, std::span<const int32_t> tokens, bool all_logits,
+                             const Tracer* tracer = nullptr);
+
+  // forward() in chunks of at most `chunk` tokens (0: one chunk); same results as one pass.
+  std::vector<float> prefill(SequenceState& seq, std::span<const int32_t> tokens, int64_t chunk, bool all_logits);
+
+  const model::ModelConfig& config() const { return model_.config(); }
+  Backend& backend() { return *backend_; }
+
+ private:
+  void attention_sublayer(const model::LayerWeights& lw, LayerState& ls, int64_t p0, int64_t T, float* X,
+                          const Tracer* tracer);
+  void moe_sublayer(const model::LayerWeights& lw, const int32_t* tokens, int64_t T, float* X, const Tracer* tracer);
+  // Writes a backend buffer to the tracer (no-op without one).
+  void trace(const Tracer* tracer, const std::string& name, const float* data, std::vector<int64_t> shape);
+
+  const Model& model_;
+  std::unique_ptr<Backend> backend_;
+  RopeFreqs rope_main_, rope_compress_;
+};
+
+}  // namespace dsv4::engine

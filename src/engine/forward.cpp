@@ -1,0 +1,102 @@
+// The forward pass as a story (architecture.md §3.1–§3.2): embed into hc streams, then per layer an
+// attention sublayer and a MoE sublayer, each wrapped in mHC pre/post; finally the HC head, the
+// norm and the LM head. Layer-major: a chunk of tokens passes through one layer before the next.
+#include <cmath>
+
+#include "core/error.h"
+#include "engine/engine.h"
+
+namespace dsv4::engine {
+
+Engine::Engine(const Model& model, std::unique_ptr<Backend> backend)
+    : model_(model),
+      backend_(std::move(backend)),
+      rope_main_(layer_rope_freqs(model.config(), model::AttnKind::swa)),
+      rope_compress_(layer_rope_freqs(model.config(), model::AttnKind::csa)) {}
+
+void Engine::trace(const Tracer* tracer, const std::string& name, const float* data, std::vector<int64_t> shape) {
+  if (!tracer) return;
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  std::vector<float> host(static_cast<size_t>(n));
+  backend_->to_host(host.data(), data, host.size());
+  (*tracer)(name, shape, host.data());
+}
+
+std::vector<float> Engine::forward(SequenceState& seq, std::span<const int32_t> tokens, bool all_logits,
+                                   const Tracer* tracer) {
+  const model::ModelConfig& c = config();
+  const model::Weights& w = model_.weights();
+  const int64_t T = int64_t(tokens.size()), D = c.hidden_size, hc = c.hc_mult, p0 = seq.n_past;
+  if (T == 0) fail(ErrorCode::invalid_input, "forward: no tokens");
+  for (int64_t t = 0; t < T; ++t)
+    if (tokens[size_t(t)] < 0 || tokens[size_t(t)] >= c.vocab_size)
+      fail(ErrorCode::invalid_input, "token {} at position {}: outside the vocabulary [0, {})", tokens[size_t(t)],
+           p0 + t, c.vocab_size);
+  if (p0 + T > c.max_position_embeddings)
+    fail(ErrorCode::invalid_input, "positions up to {} exceed max_position_embeddings {}", p0 + T,
+         c.max_position_embeddings);
+  Backend& b = *backend_;
+
+  IdBuffer ids(b, size_t(T));
+  std::copy(tokens.begin(), tokens.end(), ids.get());  // host-visible on the CPU; see backend.h
+  Buffer X(b, size_t(T * hc * D));
+  b.embed(w.embed, ids.get(), T, hc, X.get());
+
+  for (const model::LayerWeights& lw : w.layers) {
+    attention_sublayer(lw, seq.layers[size_t(lw.il)], p0, T, X.get(), tracer);
+    moe_sublayer(lw, ids.get(), T, X.get(), tracer);
+  }
+
+  // Logits only for the rows asked for: the head is the largest matrix of the model.
+  const int64_t first = all_logits ? 0 : T - 1, n_out = T - first;
+  const float* X_out = X.get() + first * hc * D;
+  Buffer y(b, size_t(n_out * D)), z(b, size_t(n_out * D)), logits(b, size_t(n_out * c.vocab_size));
+  b.hc_head(w.hc_head, X_out, n_out, hc, D, c.hc_eps, c.rms_norm_eps, y.get());
+  trace(tracer, "final.y", y.get(), {n_out, D});
+  b.rms_norm(y.get(), w.norm.data(), n_out, D, c.rms_norm_eps, z.get());
+  b.linear(w.head, Compute::f32, z.get(), n_out, logits.get());
+  trace(tracer, "logits", logits.get(), {n_out, c.vocab_size});
+
+  seq.n_past += T;
+  std::vector<float> out(static_cast<size_t>(n_out * c.vocab_size));
+  b.to_host(out.data(), logits.get(), out.size());
+  return out;
+}
+
+std::vector<float> Engine::prefill(SequenceState& seq, std::span<const int32_t> tokens, int64_t chunk,
+                                   bool all_logits) {
+  const int64_t T = int64_t(tokens.size());
+  if (chunk <= 0 || chunk >= T) return forward(seq, tokens, all_logits);
+  std::vector<float> out;
+  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+    const int64_t n = std::min(chunk, T - t0);
+    std::vector<float> part = forward(seq, tokens.subspan(size_t(t0), size_t(n)), all_logits || t0 + n == T);
+    if (all_logits || t0 + n == T) out.insert(out.end(), part.begin(), part.end());
+  }
+  return out;
+}
+
+// MoE sublayer (§3.2, §3.6): X ← HCPost(MoE(RMSNorm(HCPre(X))), X).
+void Engine::moe_sublayer(const model::LayerWeights& lw, const int32_t* tokens, int64_t T, float* X,
+                          const Tracer* tracer) {
+  const model::ModelConfig& c = config();
+  const int64_t D = c.hidden_size, hc = c.hc_mult, k = c.n_experts_per_tok;
+  const std::string l = "l" + std::to_string(lw.il);
+  Backend& b = *backend_;
+  Buffer u(b, size_t(T * D)), post(b, size_t(T * hc)), comb(b, size_t(T * hc * hc));
+  b.hc_pre(lw.hc_ffn, X, T, hc, D, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, u.get(), post.get(), comb.get());
+  Buffer x(b, size_t(T * D)), out(b, size_t(T * D)), weights(b, size_t(T * k));
+  b.rms_norm(u.get(), lw.ffn_norm.data(), T, D, c.rms_norm_eps, x.get());
+  trace(tracer, l + ".ffn.x", x.get(), {T, D});
+  IdBuffer sel(b, size_t(T * k));
+  b.route(lw.ffn, x.get(), tokens, T, D, k, c.routed_scaling_factor, sel.get(), weights.get());
+  b.moe(lw.ffn, x.get(), sel.get(), weights.get(), T, D, k, c.swiglu_limit, out.get());
+  trace(tracer, l + ".ffn.out", out.get(), {T, D});
+  Buffer X_new(b, size_t(T * hc * D));
+  b.hc_post(out.get(), X, post.get(), comb.get(), T, hc, D, X_new.get());
+  b.copy(X, X_new.get(), size_t(T * hc * D));
+  trace(tracer, l + ".hc_ffn.X", X, {T, hc, D});
+}
+
+}  // namespace dsv4::engine

@@ -1,0 +1,60 @@
+#include "engine/memory_plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace dsv4::engine {
+
+static std::string human(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024.0 && u < 4) bytes /= 1024.0, ++u;
+  return fmt::format("{:.2f} {}", bytes, units[u]);
+}
+
+MemoryPlan plan_memory(const model::ModelConfig& c, size_t weight_bytes, int64_t chunk_tokens,
+                       size_t bytes_per_value) {
+  MemoryPlan p;
+  p.weight_bytes = weight_bytes;
+  p.chunk_tokens = chunk_tokens;
+  const double v = double(bytes_per_value);
+  for (int64_t il = 0; il < c.n_layers; ++il) {
+    p.state_fixed_bytes += size_t(c.sliding_window * c.head_dim * v);
+    switch (c.attn_kind(il)) {
+      case model::AttnKind::swa: break;
+      case model::AttnKind::csa:
+        p.state_fixed_bytes += size_t(2 * 8 * 2 * (c.head_dim + c.index_head_dim) * v);  // a and s carries
+        p.state_bytes_per_token += double(c.head_dim + c.index_head_dim) * v / 4.0;
+        break;
+      case model::AttnKind::hca:
+        p.state_fixed_bytes += size_t(2 * 128 * c.head_dim * v);
+        p.state_bytes_per_token += double(c.head_dim) * v / 128.0;
+        break;
+    }
+  }
+  // The largest per-chunk working set: the HC state in and out, q and attention output, and
+  // the MoE's per-token expert outputs (bounded by its token chunk).
+  const int64_t T = std::max<int64_t>(chunk_tokens, 1);
+  const double hc_state = double(T * c.hc_mult * c.hidden_size) * 2;
+  const double attn = double(T * c.n_heads * c.head_dim) * 2 + double(T * c.index_topk) +
+                      double(T * (c.sliding_window + c.index_topk));
+  const double moe = double(std::min<int64_t>(T, 256) * c.n_experts_per_tok * c.hidden_size) +
+                     double(T * c.moe_intermediate_size) * 2;
+  p.activation_bytes = size_t((hc_state + std::max(attn, moe)) * v);
+  return p;
+}
+
+std::string MemoryPlan::describe(int64_t context_tokens) const {
+  return fmt::format(
+      "memory plan:\n"
+      "  weights (mapped as stored)      {}\n"
+      "  state per sequence, fixed       {}\n"
+      "  state per sequence, per token   {:.1f} B\n"
+      "  state at {} tokens            {}\n"
+      "  activations per chunk of {}     {}\n",
+      human(double(weight_bytes)), human(double(state_fixed_bytes)), state_bytes_per_token, context_tokens,
+      human(double(state_bytes(context_tokens))), chunk_tokens, human(double(activation_bytes)));
+}
+
+}  // namespace dsv4::engine

@@ -1,0 +1,30 @@
+// The memory plan: what a model and its sequences will take, computed before anything is
+// allocated and printed by `dsv4 inspect` and before generation (architecture.md §4.5).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace dsv4::engine {
+
+struct MemoryPlan {
+  size_t weight_bytes = 0;            // as stored (mapped, not copied)
+  size_t state_fixed_bytes = 0;       // per sequence: rings and compressor carries
+  double state_bytes_per_token = 0;   // per sequence: compressed rows and indexer keys, amortised
+  size_t activation_bytes = 0;        // per prefill chunk, largest layer's working set (estimate)
+  int64_t chunk_tokens = 0;
+
+  size_t state_bytes(int64_t n_tokens) const {
+    return state_fixed_bytes + size_t(state_bytes_per_token * double(n_tokens));
+  }
+  std::string describe(int64_t context_tokens) const;
+};
+
+// Bytes per stored value: the CPU backend keeps state and activations in fp32.
+MemoryPlan plan_memory(const model::ModelConfig& config, size_t weight_bytes, int64_t chunk_tokens,
+                       size_t bytes_per_value = 4);
+
+}  // namespace dsv4::engine

@@ -1,0 +1,45 @@
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+namespace dsv4::engine {
+
+int32_t Sampler::sample(std::span<const float> logits) {
+  const int64_t V = int64_t(logits.size());
+  if (params_.temperature <= 0.0f)  // greedy; ties to the lower id
+    return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+
+  // Candidates by descending logit, cut to top-k.
+  std::vector<int32_t> order(static_cast<size_t>(V));
+  std::iota(order.begin(), order.end(), 0);
+  const int64_t k = params_.top_k > 0 ? std::min(params_.top_k, V) : V;
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+    return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
+  });
+  order.resize(size_t(k));
+
+  // Softmax at the temperature, then the smallest prefix with mass >= top_p.
+  std::vector<double> p(order.size());
+  const double mx = logits[size_t(order[0])];
+  double sum = 0.0;
+  for (size_t i = 0; i < order.size(); ++i)
+    sum += (p[i] = std::exp((double(logits[size_t(order[i])]) - mx) / params_.temperature));
+  size_t keep = order.size();
+  if (params_.top_p < 1.0f) {
+    double mass = 0.0;
+    for (size_t i = 0; i < order.size(); ++i) {
+      mass += p[i] / sum;
+      if (mass >= params_.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+  }
+  std::discrete_distribution<size_t> pick(p.begin(), p.begin() + std::ptrdiff_t(keep));
+  return order[pick(rng_)];
+}
+
+}  // namespace dsv4::engine

@@ -1,0 +1,66 @@
+// Per-sequence decode state, sized by what is kept, never by the maximum context (architecture.md §4.2).
+//
+//   every layer:      the sliding-window ring, window × head_dim (slot = position mod window)
+//   CSA and HCA:      compressed KV rows (one per `ratio` tokens), grown as they are emitted,
+//                     and the main compressor's fp32 carry
+//   CSA:              the indexer's compressed keys and its compressor's fp32 carry
+// Rows are stored after norm, rope and the FP8 (or Hadamard + FP4) simulation, so attention reads
+// them as they are.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace dsv4::engine {
+
+// Rows of a fixed width appended over time; capacity doubles, so appends are amortised O(1).
+class RowStore {
+ public:
+  RowStore() = default;
+  RowStore(Backend& backend, int64_t width) : backend_(&backend), width_(width) {}
+  void append(const float* rows, int64_t n);
+  void clear() { n_ = 0; }
+  const float* data() const { return buffer_.get(); }
+  int64_t rows() const { return n_; }
+  int64_t width() const { return width_; }
+  size_t bytes_reserved() const { return buffer_.size() * sizeof(float); }
+
+ private:
+  Backend* backend_ = nullptr;
+  int64_t width_ = 0;
+  int64_t n_ = 0;
+  Buffer buffer_;
+};
+
+struct CompressorState {
+  Buffer a, s;  // the fp32 carry (§4.2)
+  CompressorCarry carry() const { return {a.get(), s.get()}; }
+};
+
+struct LayerState {
+  Buffer ring;               // [window, head_dim]
+  RowStore compressed;       // [n, head_dim]        (CSA, HCA)
+  CompressorState compressor;  //                     (CSA, HCA)
+  RowStore index_keys;       // [n, index_head_dim]  (CSA)
+  CompressorState index_compressor;  //                (CSA)
+};
+
+class SequenceState {
+ public:
+  SequenceState(Backend& backend, const model::ModelConfig& config, const model::Weights& weights);
+  // Back to an empty sequence (compressor carries to a = 0, s = −∞).
+  void reset();
+  int64_t n_past = 0;  // positions already processed
+  std::vector<LayerState> layers;
+  size_t bytes() const;
+
+ private:
+  Backend& backend_;
+  const model::Weights& weights_;
+};
+
+}  // namespace dsv4::engine
