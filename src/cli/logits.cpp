@@ -2,7 +2,9 @@
 // [n_tokens, vocab] — the format of the oracle's reference files.
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "cli/common.h"
 #include "core/error.h"
@@ -16,14 +18,35 @@ struct LogitsOptions {
   std::string input, output;
   std::string numerics = "deepseek";
   int64_t chunk = 0;
+  std::string dump;  // folder for named intermediates (manifest.json + <name>.f32)
 };
+
+// Writes every traced intermediate as DIR/<name>.f32 and lists the shapes in DIR/manifest.json,
+// the layout of the oracle's dumps (tools/dump_diff.py compares two such folders).
+engine::Tracer dump_tracer(const std::string& dir, std::shared_ptr<nlohmann::json> manifest) {
+  std::filesystem::create_directories(dir);
+  return [dir, manifest](const std::string& name, const std::vector<int64_t>& shape, const float* data) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    std::ofstream f(dir + "/" + name + ".f32", std::ios::binary);
+    f.write(reinterpret_cast<const char*>(data), std::streamsize(n * sizeof(float)));
+    (*manifest)[name] = shape;
+    std::ofstream(dir + "/manifest.json") << manifest->dump(1);
+  };
+}
 
 int run_logits(const LogitsOptions& o) {
   const std::vector<int32_t> tokens = read_tokens_json(o.input);
   auto model = engine::Model::load(o.model);
   engine::Engine eng(*model, make_cpu_backend(parse_numerics(o.numerics)));
   engine::SequenceState seq = eng.new_sequence();
-  const std::vector<float> logits = eng.prefill(seq, tokens, o.chunk, true);
+  std::vector<float> logits;
+  if (o.dump.empty()) {
+    logits = eng.prefill(seq, tokens, o.chunk, true);
+  } else {
+    const engine::Tracer tracer = dump_tracer(o.dump, std::make_shared<nlohmann::json>(nlohmann::json::object()));
+    logits = eng.forward(seq, tokens, true, &tracer);
+  }
   std::ofstream f(o.output, std::ios::binary);
   if (!f) fail(ErrorCode::invalid_input, "{}: cannot write", o.output);
   f.write(reinterpret_cast<const char*>(logits.data()), std::streamsize(logits.size() * sizeof(float)));
@@ -40,6 +63,7 @@ const bool registered = register_command({"logits", "Write the logits of every p
       app.add_option("--output", o->output, "raw float32 [n_tokens, vocab]")->required();
       app.add_option("--numerics", o->numerics, "deepseek | plain")->capture_default_str();
       app.add_option("--chunk", o->chunk, "prefill chunk size (0 = one pass)")->capture_default_str();
+      app.add_option("--dump", o->dump, "write named intermediates to this folder (one pass)");
       return [o] { return run_logits(*o); };
     }});
 

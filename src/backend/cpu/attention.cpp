@@ -48,6 +48,7 @@ void CpuBackend::attention(const float* q, int64_t T, int64_t H, int64_t hd, int
     }
     const int64_t n = int64_t(rows.size());
     std::vector<float> p(static_cast<size_t>(n));
+    std::vector<double> acc(static_cast<size_t>(hd));
     for (int64_t h = 0; h < H; ++h) {
       const float* qh = q + (t * H + h) * hd;
       // Phase 2: logits and their max (the sink is not part of the max).
@@ -57,21 +58,21 @@ void CpuBackend::attention(const float* q, int64_t T, int64_t H, int64_t hd, int
         mx = std::fmax(mx, p[size_t(j)]);
       }
       // Phase 3: exponentials, denominator with the sink, P·V.
-      float den = 0.0f;
+      double den = 0.0;
       for (int64_t j = 0; j < n; ++j) {
-        const float e = std::exp(p[size_t(j)] - mx);
+        const float e = exp_f(p[size_t(j)] - mx);
         den += e;
         p[size_t(j)] = round(e);
       }
-      den += std::exp(sinks[h] - mx);
-      float* oh = out + (t * H + h) * hd;
-      for (int64_t d = 0; d < hd; ++d) oh[d] = 0.0f;
+      den += exp_f(sinks[h] - mx);
+      for (int64_t d = 0; d < hd; ++d) acc[size_t(d)] = 0.0;
       for (int64_t j = 0; j < n; ++j) {
-        const float pj = p[size_t(j)];
+        const double pj = p[size_t(j)];
         const float* v = rows[size_t(j)];
-        for (int64_t d = 0; d < hd; ++d) oh[d] += pj * v[d];
+        for (int64_t d = 0; d < hd; ++d) acc[size_t(d)] += pj * double(v[d]);
       }
-      for (int64_t d = 0; d < hd; ++d) oh[d] = round(oh[d] / den);
+      float* oh = out + (t * H + h) * hd;
+      for (int64_t d = 0; d < hd; ++d) oh[d] = round(float(acc[size_t(d)]) / float(den));
     }
   });
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/quant.h"
 
 namespace dsv4::cpu {
 
@@ -57,11 +58,12 @@ int64_t CpuBackend::compressor_push(const model::CompressorWeights& cw, Compress
       }
       float mx = -INFINITY;
       for (int64_t row = 0; row < n_rows; ++row) mx = std::fmax(mx, sw[size_t(row)]);
-      float sum = 0.0f;
-      for (int64_t row = 0; row < n_rows; ++row) sum += (sw[size_t(row)] = std::exp(sw[size_t(row)] - mx));
-      float acc = 0.0f;
-      for (int64_t row = 0; row < n_rows; ++row) acc += (sw[size_t(row)] / sum) * aw[size_t(row)];
-      out[c] = round(acc);  // the pooled value is rounded before its RMSNorm (§3.4.3)
+      double sum = 0.0;
+      for (int64_t row = 0; row < n_rows; ++row) sum += (sw[size_t(row)] = exp_f(sw[size_t(row)] - mx));
+      double acc = 0.0;
+      for (int64_t row = 0; row < n_rows; ++row)
+        acc += double(sw[size_t(row)] / float(sum)) * double(aw[size_t(row)]);
+      out[c] = round(float(acc));  // the pooled value is rounded before its RMSNorm (§3.4.3)
     }
     ++n_emitted;
     if (overlap) {  // the current window becomes the previous one

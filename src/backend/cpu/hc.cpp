@@ -5,19 +5,18 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/quant.h"
 #include "core/parallel.h"
 
 namespace dsv4::cpu {
 
 namespace {
 
-float sigmoid(float z) { return 1.0f / (1.0f + std::exp(-z)); }
-
 // rsqrt(mean(x²) + eps) over the flattened hc·D state of one token.
 float stream_rms_inverse(const float* x, int64_t n, double eps) {
-  float sum = 0.0f;
-  for (int64_t i = 0; i < n; ++i) sum += x[i] * x[i];
-  return 1.0f / std::sqrt(sum / float(n) + float(eps));
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += double(x[i]) * double(x[i]);
+  return rsqrt_f(float(sum / double(n)) + float(eps));
 }
 
 // Sinkhorn projection of the hc×hc comb logits (in place): row softmax + eps, a column
@@ -27,23 +26,23 @@ void sinkhorn(float* M, int64_t hc, int64_t iters, float eps) {
     float* row = M + j * hc;
     float mx = row[0];
     for (int64_t k = 1; k < hc; ++k) mx = std::fmax(mx, row[k]);
-    float sum = 0.0f;
-    for (int64_t k = 0; k < hc; ++k) sum += (row[k] = std::exp(row[k] - mx));
-    for (int64_t k = 0; k < hc; ++k) row[k] = row[k] / sum + eps;
+    double sum = 0.0;
+    for (int64_t k = 0; k < hc; ++k) sum += (row[k] = exp_f(row[k] - mx));
+    for (int64_t k = 0; k < hc; ++k) row[k] = row[k] / float(sum) + eps;
   }
   auto normalise_columns = [&] {
     for (int64_t k = 0; k < hc; ++k) {
-      float sum = 0.0f;
+      double sum = 0.0;
       for (int64_t j = 0; j < hc; ++j) sum += M[j * hc + k];
-      for (int64_t j = 0; j < hc; ++j) M[j * hc + k] /= sum + eps;
+      for (int64_t j = 0; j < hc; ++j) M[j * hc + k] /= float(sum) + eps;
     }
   };
   normalise_columns();
   for (int64_t it = 1; it < iters; ++it) {
     for (int64_t j = 0; j < hc; ++j) {
-      float sum = 0.0f;
+      double sum = 0.0;
       for (int64_t k = 0; k < hc; ++k) sum += M[j * hc + k];
-      for (int64_t k = 0; k < hc; ++k) M[j * hc + k] /= sum + eps;
+      for (int64_t k = 0; k < hc; ++k) M[j * hc + k] /= float(sum) + eps;
     }
     normalise_columns();
   }
@@ -64,16 +63,16 @@ void CpuBackend::hc_pre(const model::HcParams& p, const float* X, int64_t T, int
     for (int64_t i = 0; i < mix_n; ++i) m[i] *= rs;
     std::vector<float> pre(static_cast<size_t>(hc));
     for (int64_t h = 0; h < hc; ++h) {
-      pre[size_t(h)] = sigmoid(m[h] * p.scale[0] + p.base[size_t(h)]) + eps;
-      post[t * hc + h] = 2.0f * sigmoid(m[hc + h] * p.scale[1] + p.base[size_t(hc + h)]);
+      pre[size_t(h)] = sigmoid_f(m[h] * p.scale[0] + p.base[size_t(h)]) + eps;
+      post[t * hc + h] = 2.0f * sigmoid_f(m[hc + h] * p.scale[1] + p.base[size_t(hc + h)]);
     }
     float* M = comb + t * hc * hc;
     for (int64_t i = 0; i < hc * hc; ++i) M[i] = m[2 * hc + i] * p.scale[2] + p.base[size_t(2 * hc + i)];
     sinkhorn(M, hc, sinkhorn_iters, eps);
     for (int64_t d = 0; d < D; ++d) {
-      float acc = 0.0f;
-      for (int64_t h = 0; h < hc; ++h) acc += pre[size_t(h)] * x[h * D + d];
-      u[t * D + d] = round(acc);
+      double acc = 0.0;
+      for (int64_t h = 0; h < hc; ++h) acc += double(pre[size_t(h)]) * double(x[h * D + d]);
+      u[t * D + d] = round(float(acc));
     }
   });
 }
@@ -86,9 +85,9 @@ void CpuBackend::hc_post(const float* a, const float* X, const float* post, cons
     const float* M = comb + t * hc * hc;
     for (int64_t k = 0; k < hc; ++k)
       for (int64_t d = 0; d < D; ++d) {
-        float acc = post[t * hc + k] * a[t * D + d];
-        for (int64_t j = 0; j < hc; ++j) acc += M[j * hc + k] * x[j * D + d];
-        X_out[(t * hc + k) * D + d] = round(acc);
+        double acc = double(post[t * hc + k]) * double(a[t * D + d]);
+        for (int64_t j = 0; j < hc; ++j) acc += double(M[j * hc + k]) * double(x[j * D + d]);
+        X_out[(t * hc + k) * D + d] = round(float(acc));
       }
   });
 }
@@ -102,11 +101,11 @@ void CpuBackend::hc_head(const model::HcParams& p, const float* X, int64_t T, in
     const float rs = stream_rms_inverse(x, hc * D, norm_eps);
     std::vector<float> pre(static_cast<size_t>(hc));
     for (int64_t h = 0; h < hc; ++h)
-      pre[size_t(h)] = sigmoid(mix[size_t(t * hc + h)] * rs * p.scale[0] + p.base[size_t(h)]) + float(hc_eps);
+      pre[size_t(h)] = sigmoid_f(mix[size_t(t * hc + h)] * rs * p.scale[0] + p.base[size_t(h)]) + float(hc_eps);
     for (int64_t d = 0; d < D; ++d) {
-      float acc = 0.0f;
-      for (int64_t h = 0; h < hc; ++h) acc += pre[size_t(h)] * x[h * D + d];
-      y[t * D + d] = round(acc);
+      double acc = 0.0;
+      for (int64_t h = 0; h < hc; ++h) acc += double(pre[size_t(h)]) * double(x[h * D + d]);
+      y[t * D + d] = round(float(acc));
     }
   });
 }

@@ -20,12 +20,12 @@ void CpuBackend::indexer_select(const float* q, const float* wts, int64_t T, int
     const int64_t n_vis = std::min(n_keys, (p0 + t + 1) / ratio);
     std::vector<float> score(static_cast<size_t>(n_vis));
     for (int64_t w = 0; w < n_vis; ++w) {
-      float acc = 0.0f;
+      double acc = 0.0;
       for (int64_t h = 0; h < heads; ++h) {
         const float d = round(dot(q + (t * heads + h) * dim, keys + w * dim, dim));
         acc += round(std::fmax(d, 0.0f) * wts[t * heads + h]);
       }
-      score[size_t(w)] = round(acc);
+      score[size_t(w)] = round(float(acc));
     }
     std::vector<int32_t> order(static_cast<size_t>(n_vis));
     std::iota(order.begin(), order.end(), 0);

@@ -11,13 +11,12 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/quant.h"
 #include "core/parallel.h"
 
 namespace dsv4::cpu {
 
 namespace {
-
-float softplus(float z) { return z > 20.0f ? z : std::log1p(std::exp(z)); }  // PyTorch's threshold
 
 // Tokens per pass through the experts: bounds the [tokens, k, D] expert-output buffer.
 constexpr int64_t kMoeTokenChunk = 256;
@@ -31,7 +30,7 @@ void CpuBackend::route(const model::MoeWeights& m, const float* x, const int32_t
   linear(m.gate, Compute::f32, x, T, logits.data());
   parallel_for(T, [&](int64_t t) {
     std::vector<float> score(static_cast<size_t>(E));
-    for (int64_t e = 0; e < E; ++e) score[size_t(e)] = std::sqrt(softplus(logits[size_t(t * E + e)]));
+    for (int64_t e = 0; e < E; ++e) score[size_t(e)] = std::sqrt(softplus_f(logits[size_t(t * E + e)]));
     int32_t* st = sel + t * k;
     if (!m.tid2eid.empty()) {
       for (int64_t i = 0; i < k; ++i) st[i] = m.tid2eid[size_t(int64_t(tokens[t]) * k + i)];
@@ -44,9 +43,9 @@ void CpuBackend::route(const model::MoeWeights& m, const float* x, const int32_t
       });
       std::copy(order.begin(), order.begin() + k, st);
     }
-    float sum = 0.0f;
+    double sum = 0.0;
     for (int64_t i = 0; i < k; ++i) sum += score[size_t(st[i])];
-    for (int64_t i = 0; i < k; ++i) weights[t * k + i] = score[size_t(st[i])] / sum * float(routed_scale);
+    for (int64_t i = 0; i < k; ++i) weights[t * k + i] = score[size_t(st[i])] / float(sum) * float(routed_scale);
   });
 }
 
@@ -64,7 +63,7 @@ void CpuBackend::expert_ffn(const model::ExpertWeights& e, const float* x, int64
         gv = std::fmin(gv, L);
         uv = std::fmin(std::fmax(uv, -L), L);
       }
-      const float h = gv / (1.0f + std::exp(-gv)) * uv;
+      const float h = silu_f(gv) * uv;
       g[size_t(t * F + f)] = round(w ? h * w[t] : h);
     }
   linear(e.w2, Compute::quantized, g.data(), T, y);
@@ -105,10 +104,10 @@ void CpuBackend::moe(const model::MoeWeights& m, const float* x, const int32_t* 
       std::sort(order.begin(), order.end(),
                 [&](int64_t a, int64_t b) { return sel[(c0 + t) * k + a] < sel[(c0 + t) * k + b]; });
       for (int64_t dd = 0; dd < D; ++dd) {
-        float acc = 0.0f;
+        double acc = 0.0;
         for (int64_t i : order) acc += expert_out[size_t((t * k + i) * D + dd)];
         if (m.shared) acc += shared[size_t(t * D + dd)];
-        out[(c0 + t) * D + dd] = round(acc);
+        out[(c0 + t) * D + dd] = round(float(acc));
       }
     });
   }

@@ -13,9 +13,9 @@ void CpuBackend::rms_norm(const float* x, const float* w, int64_t rows, int64_t 
   parallel_for(rows, [&](int64_t r) {
     const float* xr = x + r * n;
     float* yr = y + r * n;
-    float sum = 0.0f;
-    for (int64_t i = 0; i < n; ++i) sum += xr[i] * xr[i];
-    const float inv = 1.0f / std::sqrt(sum / float(n) + float(eps));
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) sum += double(xr[i]) * double(xr[i]);
+    const float inv = rsqrt_f(float(sum / double(n)) + float(eps));
     for (int64_t i = 0; i < n; ++i) {
       const float v = xr[i] * inv;
       yr[i] = round(w ? w[i] * v : v);
@@ -29,10 +29,10 @@ void CpuBackend::rms_norm(const float* x, const float* w, int64_t rows, int64_t 
 void CpuBackend::head_norm(float* q, int64_t rows, int64_t n, double eps) {
   parallel_for(rows, [&](int64_t r) {
     float* qr = q + r * n;
-    float sum = 0.0f;
-    for (int64_t i = 0; i < n; ++i) sum += round(qr[i] * qr[i]);
-    const float mean = round(sum / float(n));
-    const float inv = round(1.0f / std::sqrt(round(mean + float(eps))));
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) sum += double(round(qr[i] * qr[i]));
+    const float mean = round(float(sum / double(n)));
+    const float inv = round(rsqrt_f(round(mean + float(eps))));
     for (int64_t i = 0; i < n; ++i) qr[i] = round(qr[i] * inv);
   });
 }

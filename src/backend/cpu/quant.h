@@ -42,28 +42,45 @@ inline void fp4_sim_block(float* x, int64_t n) {
 
 // Unnormalised Walsh–Hadamard butterfly (strides 1, 2, 4, …), then × n^-½, output rounded to
 // bf16 (§3.0 Hadamard128). n is a power of two.
+// (In double, so the butterfly is exact; rounded once to fp32, then to bf16.)
 inline void hadamard_bf16(float* x, int64_t n) {
+  double v[1024];
+  for (int64_t i = 0; i < n; ++i) v[i] = x[i];
   for (int64_t h = 1; h < n; h *= 2)
     for (int64_t i = 0; i < n; i += 2 * h)
       for (int64_t j = i; j < i + h; ++j) {
-        const float a = x[j], b = x[j + h];
-        x[j] = a + b;
-        x[j + h] = a - b;
+        const double a = v[j], b = v[j + h];
+        v[j] = a + b;
+        v[j + h] = a - b;
       }
-  const float s = 1.0f / std::sqrt(float(n));
-  for (int64_t i = 0; i < n; ++i) x[i] = round_bf16(x[i] * s);
+  const double s = 1.0 / std::sqrt(double(n));
+  for (int64_t i = 0; i < n; ++i) x[i] = round_bf16(float(v[i] * s));
 }
 
-// Dot product with 8 independent accumulators: a fixed summation order (so results never depend on
-// threads), which the compiler can vectorise without reassociating.
+// ---- Canonical arithmetic of the CPU reference ---------------------------------------------------
+// Every sum accumulates in double and is rounded once to fp32, and exp, log1p, sin, cos, rsqrt and
+// the sigmoid are evaluated in double and rounded once. The results are then (but for rare double
+// rounding ties) the correctly rounded values whatever the summation order, so an independent
+// implementation that follows the same definition (tools/oracle/port.py) agrees bit for bit instead
+// of depending on a library's reduction order. That matters here: a last-bit difference in the bf16
+// residual stream can flip a later FP8 quantization decision, and random test models amplify it.
+
 inline float dot(const float* a, const float* b, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  double acc[4] = {0, 0, 0, 0};
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
-  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
+  for (; i + 4 <= n; i += 4)
+    for (int j = 0; j < 4; ++j) acc[j] += double(a[i + j]) * double(b[i + j]);
+  double s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+  for (; i < n; ++i) s += double(a[i]) * double(b[i]);
+  return float(s);
 }
+
+inline float exp_f(float x) { return float(std::exp(double(x))); }
+inline float rsqrt_f(float x) { return float(1.0 / std::sqrt(double(x))); }
+inline float sigmoid_f(float x) { return float(1.0 / (1.0 + std::exp(-double(x)))); }
+inline float silu_f(float x) { return float(double(x) / (1.0 + std::exp(-double(x)))); }
+inline float sin_f(float x) { return float(std::sin(double(x))); }
+inline float cos_f(float x) { return float(std::cos(double(x))); }
+inline float softplus_f(float x) { return x > 20.0f ? x : float(std::log1p(std::exp(double(x)))); }
 
 }  // namespace dsv4::cpu

@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/quant.h"
 #include "core/parallel.h"
 
 namespace dsv4::cpu {
@@ -17,8 +18,8 @@ void CpuBackend::rope(float* x, int64_t n_groups, int64_t group, int64_t row_str
     const float p = float(pos0 + i * pos_step);
     for (int64_t k = 0; k < half; ++k) {
       const float angle = p * freqs.freqs[size_t(k)];
-      const float c = std::cos(angle);
-      const float s = inverse ? -std::sin(angle) : std::sin(angle);
+      const float c = cos_f(angle);
+      const float s = inverse ? -sin_f(angle) : sin_f(angle);
       for (int64_t h = 0; h < group; ++h) {
         float* v = x + (i * group + h) * row_stride + offset + 2 * k;
         const float a = v[0], b = v[1];
