@@ -34,7 +34,10 @@ int run_generate(const GenerateOptions& o) {
   engine::Sampler sampler(o.sampling);
 
   auto t0 = std::chrono::steady_clock::now();
-  std::vector<float> logits = eng.prefill(seq, prompt, o.chunk, false);
+  std::vector<float> logits = eng.prefill(seq, prompt, o.chunk, false, [&](int64_t done, int64_t total) {
+    if (total > o.chunk) fmt::print(stderr, "\rprefill {}/{} tokens", done, total);
+    if (total > o.chunk && done == total) fmt::print(stderr, "\n");
+  });
   const double prefill_s = seconds_since(t0);
 
   std::vector<int32_t> out;
@@ -47,7 +50,7 @@ int run_generate(const GenerateOptions& o) {
     logits = eng.forward(seq, std::span<const int32_t>(&out.back(), 1), false);
   }
   const double decode_s = seconds_since(t0);
-  if (!o.quiet) fmt::print("\n");
+  if (!o.quiet) fmt::print("\n"), std::fflush(stdout);
   const double decode_steps = double(std::max<size_t>(out.size(), 1) - 1);
   fmt::print(stderr, "prefill: {} tokens in {:.3f} s ({:.1f} tok/s)\n", prompt.size(), prefill_s,
              double(prompt.size()) / prefill_s);

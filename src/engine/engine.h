@@ -48,7 +48,10 @@ class Engine {
                              const Tracer* tracer = nullptr);
 
   // forward() in chunks of at most `chunk` tokens (0: one chunk); same results as one pass.
-  std::vector<float> prefill(SequenceState& seq, std::span<const int32_t> tokens, int64_t chunk, bool all_logits);
+  // `progress(done, total)` is called after each chunk.
+  using Progress = std::function<void(int64_t done, int64_t total)>;
+  std::vector<float> prefill(SequenceState& seq, std::span<const int32_t> tokens, int64_t chunk, bool all_logits,
+                             const Progress& progress = {});
 
   const model::ModelConfig& config() const { return model_.config(); }
   Backend& backend() { return *backend_; }

@@ -65,14 +65,16 @@ std::vector<float> Engine::forward(SequenceState& seq, std::span<const int32_t> 
 }
 
 std::vector<float> Engine::prefill(SequenceState& seq, std::span<const int32_t> tokens, int64_t chunk,
-                                   bool all_logits) {
+                                   bool all_logits, const Progress& progress) {
   const int64_t T = int64_t(tokens.size());
-  if (chunk <= 0 || chunk >= T) return forward(seq, tokens, all_logits);
+  if (chunk <= 0) chunk = T;
   std::vector<float> out;
   for (int64_t t0 = 0; t0 < T; t0 += chunk) {
     const int64_t n = std::min(chunk, T - t0);
-    std::vector<float> part = forward(seq, tokens.subspan(size_t(t0), size_t(n)), all_logits || t0 + n == T);
-    if (all_logits || t0 + n == T) out.insert(out.end(), part.begin(), part.end());
+    const bool last = t0 + n == T;
+    std::vector<float> part = forward(seq, tokens.subspan(size_t(t0), size_t(n)), all_logits);
+    if (all_logits || last) out.insert(out.end(), part.begin(), part.end());
+    if (progress) progress(t0 + n, T);
   }
   return out;
 }

@@ -43,6 +43,15 @@ TEST_F(Chunked, AnyChunkSizeMatchesOneShot) {
   }
 }
 
+TEST_F(Chunked, ChunkedPrefillForGenerationReturnsTheLastRow) {
+  const int64_t V = model_->config().vocab_size;
+  SequenceState seq = engine_->new_sequence();
+  const std::vector<float> last = engine_->prefill(seq, tokens_, 400, false);
+  ASSERT_EQ(int64_t(last.size()), V);
+  const test::LogitsDiff d = test::compare_logits(last.data(), one_shot_.data() + (kPrompt - 1) * V, 1, V);
+  EXPECT_LE(d.max_abs, 1e-4);
+}
+
 TEST_F(Chunked, DecodeAfterPrefillMatchesOneShot) {
   SequenceState seq = engine_->new_sequence();
   const int64_t prefill = 1000;
