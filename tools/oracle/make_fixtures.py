@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Regenerates the test fixtures from seeds (see README.md).
+
+  make_fixtures.py [--only NAME ...] [--root REPO_ROOT] [--threads N]
+
+For every config in configs.FIXTURES:
+  tests/fixtures/models/<name>/            checkpoint (make_checkpoint.py)
+  tests/fixtures/logits/<name>/tokens.json random token ids in [0, vocab) from the token seed
+  tests/fixtures/logits/<name>/plain.f32   transformers float32 logits [n_tokens, vocab] (reference.py)
+  tests/fixtures/logits/<name>/deepseek.f32 port.py logits with the official numerics
+  tests/fixtures/logits/<name>/summary.json sizes, near-tie fractions, port-vs-transformers max|d|
+  tests/fixtures/logits/tiny-flash/dump/   deepseek-mode intermediates of the first 16 tokens
+"""
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import make_checkpoint  # noqa: E402
+import port as P  # noqa: E402
+import reference  # noqa: E402
+from configs import CONFIGS, FIXTURES  # noqa: E402
+
+DUMP_TOKENS = {"tiny-flash": 16}
+
+
+def tie_fractions(logits: np.ndarray) -> dict:
+    t = np.sort(logits, axis=1)
+    gap = t[:, -1] - t[:, -2]
+    return {"lt_0.05": float((gap < 0.05).mean()), "lt_0.01": float((gap < 0.01).mean()),
+            "min_gap": float(gap.min())}
+
+
+def write_f32(path, t: torch.Tensor):
+    t.detach().to(torch.float32).contiguous().numpy().astype("<f4").tofile(path)
+
+
+def make(name: str, root: str):
+    spec = FIXTURES[name]
+    cfg = CONFIGS[name]
+    mdir = os.path.join(root, "tests", "fixtures", "models", name)
+    ldir = os.path.join(root, "tests", "fixtures", "logits", name)
+    os.makedirs(ldir, exist_ok=True)
+    print(f"[{name}] checkpoint -> {mdir}", flush=True)
+    tensors = make_checkpoint.build_tensors(cfg, spec["seed"])
+    make_checkpoint.calibrate(cfg, tensors, spec["seed"])
+    make_checkpoint.write_checkpoint(cfg, tensors, mdir, spec["shards"])
+
+    g = torch.Generator().manual_seed(spec["token_seed"])
+    tokens = torch.randint(0, cfg["vocab_size"], (spec["n_tokens"],), generator=g).tolist()
+    with open(os.path.join(ldir, "tokens.json"), "w") as f:
+        json.dump({"tokens": tokens}, f)
+        f.write("\n")
+
+    print(f"[{name}] transformers float32 ({len(tokens)} tokens)", flush=True)
+    hf = reference.run(mdir, tokens)
+    write_f32(os.path.join(ldir, "plain.f32"), hf)
+
+    print(f"[{name}] port plain", flush=True)
+    plain = P.Port(mdir, "plain").forward(tokens)
+    print(f"[{name}] port deepseek", flush=True)
+    ndump = DUMP_TOKENS.get(name)
+    dump = P.Dump(ndump) if ndump else None
+    ds = P.Port(mdir, "deepseek").forward(tokens, dump)
+    write_f32(os.path.join(ldir, "deepseek.f32"), ds)
+    if dump is not None:
+        ddir = os.path.join(ldir, "dump")
+        if os.path.isdir(ddir):
+            for fn in os.listdir(ddir):
+                os.remove(os.path.join(ddir, fn))
+        dump.write(ddir)
+
+    d = (plain.double() - hf.double()).abs()
+    dd = (ds.double() - hf.double()).abs()
+    summary = {
+        "config": name,
+        "n_tokens": len(tokens),
+        "vocab": cfg["vocab_size"],
+        "checkpoint_seed": spec["seed"],
+        "token_seed": spec["token_seed"],
+        "shards": spec["shards"],
+        "port_plain_vs_transformers": {
+            "max_abs_diff": float(d.max()),
+            "mean_abs_diff": float(d.mean()),
+            "argmax_agreement": float((plain.argmax(-1) == hf.argmax(-1)).double().mean()),
+        },
+        "deepseek_vs_plain": {
+            "max_abs_diff": float(dd.max()),
+            "mean_abs_diff": float(dd.mean()),
+            "argmax_agreement": float((ds.argmax(-1) == hf.argmax(-1)).double().mean()),
+        },
+        "logit_std_across_vocab": {"plain": float(hf.std(-1).mean()), "deepseek": float(ds.std(-1).mean())},
+        "top2_gap_fraction": {"plain": tie_fractions(hf.numpy()), "deepseek": tie_fractions(ds.numpy())},
+        "dump_tokens": ndump or 0,
+    }
+    with open(os.path.join(ldir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+        f.write("\n")
+    print(json.dumps(summary, indent=2), flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", nargs="*", default=None, choices=sorted(FIXTURES))
+    ap.add_argument("--root", default=os.path.abspath(os.path.join(HERE, "..", "..")))
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    for name in args.only or list(FIXTURES):
+        make(name, args.root)
+
+
+if __name__ == "__main__":
+    main()
