@@ -15,7 +15,7 @@ import numpy as np
 
 def order_key(name):
     m = re.match(r"l(\d+)\.(.*)", name)
-    steps = ["hc_attn.u", "attn.x", "attn.qr", "attn.q", "attn.kv", "attn.o", "attn.out", "hc_attn.X",
+    steps = ["hc_attn.u", "hc_attn.post", "hc_attn.comb", "attn.x", "attn.qr", "attn.q", "attn.kv", "attn.o", "attn.out", "hc_attn.X",
              "ffn.x", "ffn.out", "hc_ffn.X"]
     if m:
         step = m.group(2)

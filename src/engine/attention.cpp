@@ -49,6 +49,8 @@ void Engine::attention_sublayer(const model::LayerWeights& lw, LayerState& ls, i
   Buffer u(b, size_t(T * D)), post(b, size_t(T * hc)), comb(b, size_t(T * hc * hc)), x(b, size_t(T * D));
   b.hc_pre(lw.hc_attn, X, T, hc, D, c.hc_sinkhorn_iters, c.hc_eps, eps, u.get(), post.get(), comb.get());
   trace(tracer, l + ".hc_attn.u", u.get(), {T, D});
+  trace(tracer, l + ".hc_attn.post", post.get(), {T, hc});
+  trace(tracer, l + ".hc_attn.comb", comb.get(), {T, hc, hc});
   b.rms_norm(u.get(), lw.attn_norm.data(), T, D, eps, x.get());
   trace(tracer, l + ".attn.x", x.get(), {T, D});
 
@@ -83,7 +85,7 @@ void Engine::attention_sublayer(const model::LayerWeights& lw, LayerState& ls, i
     b.rope(qi.get(), T, Hi, di, rope, p0, 1, false);
     b.indexer_fp4_sim(qi.get(), T * Hi, di);
     b.linear(ix.weights_proj, Compute::bf16, x.get(), T, wts.get());
-    b.scale(wts.get(), T * Hi, float(1.0 / std::sqrt(double(di)) / std::sqrt(double(Hi))));
+    b.scale(wts.get(), T * Hi, float(std::pow(double(di), -0.5) * std::pow(double(Hi), -0.5)));
     selected = IdBuffer(b, size_t(T * c.index_topk));
     b.indexer_select(qi.get(), wts.get(), T, Hi, di, ls.index_keys.data(), ls.index_keys.rows(), 4, p0,
                      c.index_topk, selected.get());

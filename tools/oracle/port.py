@@ -18,6 +18,14 @@ In deepseek mode P is rounded to bf16 before P.V (the denominator keeps the fp32
 reference kernel is an online softmax over 64-index blocks; its running-max rescaling makes its
 bf16(p) differ from ours in the last bit now and then - an accepted residual.
 
+Canonical arithmetic (both modes), shared with the C++ CPU backend: every sum and matrix product
+accumulates in float64 and is rounded once to float32, and exp, rsqrt, sin/cos, sigmoid, silu and
+softplus are evaluated in float64 and rounded once. Results are then (but for rare double-rounding
+ties) the correctly rounded values whatever the reduction order, so this port and the engine agree
+bit for bit where they follow the same definition. Without it, a last-bit difference from a
+library's reduction order flips a later FP8 quantization decision now and then, and the random
+test models amplify that to whole logits.
+
 Tie-breaking (deepseek mode): the indexer top-k runs on bf16 scores, where exact ties are
 common; we order by (score descending, compressed-row index ascending) via a stable sort. The
 router top-k uses the same rule (fp32 ties are practically absent).
@@ -45,6 +53,44 @@ import stfile  # noqa: E402
 torch.set_grad_enabled(False)
 
 F32 = torch.float32
+
+
+def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Canonical matrix product: float64 accumulation, rounded once to float32."""
+    return (a.double() @ b.double()).float()
+
+
+def dsum(x: torch.Tensor, dim: int, keepdim: bool = False) -> torch.Tensor:
+    """Canonical sum: float64 accumulation, rounded once to float32."""
+    return x.double().sum(dim, keepdim=keepdim).float()
+
+
+def dmean_sq(x: torch.Tensor) -> torch.Tensor:
+    """mean(x^2) over the last dim with exact squares, float64 accumulation, rounded once."""
+    xd = x.double()
+    return ((xd * xd).sum(-1, keepdim=True) / x.shape[-1]).float()
+
+
+def fexp(x):
+    return torch.exp(x.double()).float()
+
+
+def frsqrt(x):
+    return (1.0 / torch.sqrt(x.double())).float()
+
+
+def fsigmoid(x):
+    return (1.0 / (1.0 + torch.exp(-x.double()))).float()
+
+
+def fsilu(x):
+    xd = x.double()
+    return (xd / (1.0 + torch.exp(-xd))).float()
+
+
+def fsoftplus(x):
+    """PyTorch's softplus (threshold 20) evaluated in float64."""
+    return torch.where(x > 20.0, x, torch.log1p(torch.exp(x.double())).float())
 
 
 def bf16(x: torch.Tensor) -> torch.Tensor:
@@ -90,16 +136,16 @@ def fp4_sim(x: torch.Tensor, block: int = 32) -> torch.Tensor:
 
 def hadamard(x: torch.Tensor) -> torch.Tensor:
     """Unnormalised Sylvester Walsh-Hadamard butterfly over the last dim (natural order,
-    strides 1, 2, 4, ...), fp32, then times n^-0.5."""
+    strides 1, 2, 4, ...) in float64, times n^-0.5, rounded once to float32."""
     n = x.shape[-1]
-    y = x.clone()
+    y = x.double()  # float64: the butterfly is exact
     h = 1
     while h < n:
         y = y.reshape(*x.shape[:-1], n // (2 * h), 2, h)
         a, b = y[..., 0, :], y[..., 1, :]
         y = torch.stack([a + b, a - b], dim=-2)
         h *= 2
-    return y.reshape(x.shape) * torch.tensor(n ** -0.5, dtype=F32)
+    return (y.reshape(x.shape) * (1.0 / math.sqrt(n))).float()
 
 
 class Dump:
@@ -181,7 +227,7 @@ class Port:
     def lin_fp8(self, x, name):
         """FP8 Linear (§3.0): act-quant per 128, per-K-tile fp32 partials scaled by s_x*s_W."""
         if not self.ds:
-            return x @ self.w_f32(name).T
+            return mm(x, self.w_f32(name).T)
         key = name + "#fp8"
         if key not in self.cache:
             w = stfile.e4m3_to_f32(self.t[name + ".weight"])
@@ -193,14 +239,14 @@ class Port:
         qx, sx = act_quant(x2, 128)
         acc = torch.zeros(x2.shape[0], w.shape[0], dtype=F32)
         for k in range(qx.shape[1]):
-            part = qx[:, k] @ w[:, k * 128:(k + 1) * 128].T
+            part = mm(qx[:, k], w[:, k * 128:(k + 1) * 128].T)
             acc += part * (sx[:, k, None] * s_w[None, :, k])
         return bf16(acc).reshape(*shp[:-1], w.shape[0])
 
     def lin_fp4(self, x, name):
         """FP4 Linear (§3.0): act-quant per 128; K tiles of 32: (partial * s_x) * s_W."""
         if not self.ds:
-            return x @ self.w_f32(name).T
+            return mm(x, self.w_f32(name).T)
         key = name + "#fp4"
         if key not in self.cache:
             w = stfile.e2m1_decode(stfile.unpack_fp4(self.t[name + ".weight"]))
@@ -211,19 +257,19 @@ class Port:
         qx = qx.reshape(x.shape[0], -1)
         acc = torch.zeros(x.shape[0], w.shape[0], dtype=F32)
         for k in range(w.shape[1] // 32):
-            part = qx[:, k * 32:(k + 1) * 32] @ w[:, k * 32:(k + 1) * 32].T
+            part = mm(qx[:, k * 32:(k + 1) * 32], w[:, k * 32:(k + 1) * 32].T)
             acc += (part * sx[:, k // 4, None]) * s_w[None, :, k]
         return bf16(acc)
 
     def lin_bf16(self, x, name):
         """BF16 GEMM: bf16 x bf16, fp32 accumulate, bf16 out (plain: fp32)."""
-        y = x @ self.w_f32(name).T
+        y = mm(x, self.w_f32(name).T)
         return bf16(y) if self.ds else y
 
     def rms(self, x, name):
         """RMSNorm: fp32, weight applied in fp32 before the (deepseek) bf16 rounding."""
         w = self.w_f32(name)
-        y = w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+        y = w * (x * frsqrt(dmean_sq(x) + self.eps))
         return bf16(y) if self.ds else y
 
     def bf(self, x):
@@ -251,7 +297,7 @@ class Port:
 
     def rope_cs(self, freqs, pos):
         ang = pos.to(F32)[:, None] * freqs[None, :]
-        return torch.cos(ang), torch.sin(ang)
+        return torch.cos(ang.double()).float(), torch.sin(ang.double()).float()
 
     def rope(self, x, cs, inverse=False):
         """Interleaved rotation of the LAST rd dims of x [S, ..., n]; cos/sin [S, rd/2]."""
@@ -273,32 +319,33 @@ class Port:
         S, hc, D = X.shape
         x = X.reshape(S, hc * D)
         fn, base, scale = self.w_f32(p + "_fn"), self.w_f32(p + "_base"), self.w_f32(p + "_scale")
-        rs = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        mix = (x @ fn.T) * rs
-        pre = torch.sigmoid(mix[:, :hc] * scale[0] + base[:hc]) + self.hc_eps
-        post = 2 * torch.sigmoid(mix[:, hc:2 * hc] * scale[1] + base[hc:2 * hc])
+        rs = frsqrt(dmean_sq(x) + self.eps)
+        mix = mm(x, fn.T) * rs
+        pre = fsigmoid(mix[:, :hc] * scale[0] + base[:hc]) + self.hc_eps
+        post = 2 * fsigmoid(mix[:, hc:2 * hc] * scale[1] + base[hc:2 * hc])
         M = mix[:, 2 * hc:].reshape(S, hc, hc) * scale[2] + base[2 * hc:].reshape(hc, hc)
-        M = torch.softmax(M, dim=-1) + self.hc_eps
-        M = M / (M.sum(-2, keepdim=True) + self.hc_eps)
+        e = fexp(M - M.amax(-1, keepdim=True))
+        M = e / dsum(e, -1, keepdim=True) + self.hc_eps
+        M = M / (dsum(M, -2, keepdim=True) + self.hc_eps)
         for _ in range(self.cfg["hc_sinkhorn_iters"] - 1):
-            M = M / (M.sum(-1, keepdim=True) + self.hc_eps)
-            M = M / (M.sum(-2, keepdim=True) + self.hc_eps)
-        u = (pre[:, :, None] * X).sum(1)
+            M = M / (dsum(M, -1, keepdim=True) + self.hc_eps)
+            M = M / (dsum(M, -2, keepdim=True) + self.hc_eps)
+        u = dsum(pre.double()[:, :, None] * X.double(), 1)
         return self.bf(u), post, M
 
     def hc_post(self, a, R, post, comb):
         # X'[k] = post_k a + sum_j comb[j,k] R[j]
-        y = post[:, :, None] * a[:, None, :] + torch.matmul(comb.transpose(-1, -2), R)
-        return self.bf(y)
+        y = post.double()[:, :, None] * a.double()[:, None, :] + comb.double().transpose(-1, -2) @ R.double()
+        return self.bf(y.float())
 
     def hc_head(self, X, p):
         S, hc, D = X.shape
         x = X.reshape(S, hc * D)
         fn, base, scale = self.w_f32(p + "_fn"), self.w_f32(p + "_base"), self.w_f32(p + "_scale")
-        rs = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        mix = (x @ fn.T) * rs
-        pre = torch.sigmoid(mix * scale[0] + base) + self.hc_eps
-        return self.bf((pre[:, :, None] * X).sum(1))
+        rs = frsqrt(dmean_sq(x) + self.eps)
+        mix = mm(x, fn.T) * rs
+        pre = fsigmoid(mix * scale[0] + base) + self.hc_eps
+        return self.bf(dsum(pre.double()[:, :, None] * X.double(), 1))
 
     # ------------------------------------------------------------------ attention parts
     def compressor(self, x, p, r, d, cs_fn, kind):
@@ -308,8 +355,8 @@ class Port:
         if nW == 0:
             return torch.zeros(0, d, dtype=F32)
         ape = self.w_f32(p + "ape")
-        a = x @ self.w_f32(p + "wkv").T
-        s = x @ self.w_f32(p + "wgate").T + ape[torch.arange(S) % r]
+        a = mm(x, self.w_f32(p + "wkv").T)
+        s = mm(x, self.w_f32(p + "wgate").T) + ape[torch.arange(S) % r]
         a = a[: nW * r].reshape(nW, r, -1)
         s = s[: nW * r].reshape(nW, r, -1)
         if r == 4:  # overlapping: A-halves of the previous window, B-halves of this one
@@ -320,7 +367,8 @@ class Port:
             na[1:, :r] = a[:-1, :, :d]
             ns[1:, :r] = s[:-1, :, :d]
             a, s = na, ns
-        pooled = (a * torch.softmax(s, dim=1)).sum(1)
+        e = fexp(s - s.amax(1, keepdim=True))
+        pooled = dsum((e / dsum(e, 1, keepdim=True)).double() * a.double(), 1)
         C = self.rms(self.bf(pooled), p + "norm")
         C = self.rope(C, cs_fn(torch.arange(nW) * r))
         if self.ds:
@@ -347,8 +395,8 @@ class Port:
         dump(f"l{il}.idx.w", wts)
         if T == 0:
             return torch.zeros(S, 0, dtype=torch.bool)
-        dots = self.bf(torch.einsum("shd,td->sht", q, KI))
-        score = self.bf((self.bf(torch.relu(dots) * wts[:, :, None])).sum(1))  # [S, T]
+        dots = self.bf(torch.einsum("shd,td->sht", q.double(), KI.double()).float())
+        score = self.bf(dsum(self.bf(torch.relu(dots) * wts[:, :, None]), 1))  # [S, T]
         t = torch.arange(S)
         nvis = (t + 1) // 4
         visible = torch.arange(T)[None, :] < nvis[:, None]
@@ -379,11 +427,11 @@ class Port:
         qr = self.rms(self.lin_fp8(x, a + "wq_a"), a + "q_norm")
         q = self.lin_fp8(qr, a + "wq_b").reshape(S, self.H, self.hd)
         if self.ds:  # weightless per-head RMSNorm in bf16 arithmetic
-            m = bf16(bf16(q * q).mean(-1, keepdim=True))
-            rr = bf16(torch.rsqrt(bf16(m + self.eps)))
+            m = bf16((bf16(q * q).double().sum(-1, keepdim=True) / self.hd).float())
+            rr = bf16(frsqrt(bf16(m + self.eps)))
             q = bf16(q * rr)
         else:
-            q = q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + self.eps)
+            q = q * frsqrt(dmean_sq(q) + self.eps)
         q = self.rope(q, cs)
         kv = self.rms(self.lin_fp8(x, a + "wkv"), a + "kv_norm")
         kv = self.rope(kv, cs)
@@ -419,19 +467,19 @@ class Port:
             tq = pos[q0:q1, None]
             tj = pos[None, r0:q1]
             valid = torch.cat([(tj <= tq) & (tj > tq - W), cmask[q0:q1]], dim=1)  # [n, R]
-            lg = torch.einsum("shd,rd->hsr", q[q0:q1], rows) * scale
+            lg = torch.einsum("shd,rd->hsr", q[q0:q1].double(), rows.double()).float() * scale
             lg = lg.masked_fill(~valid[None], float("-inf"))
             mx = lg.amax(-1, keepdim=True)  # pass 1: exact max of the valid logits (no sink)
-            pe = torch.exp(lg - mx)  # pass 2
-            den = pe.sum(-1, keepdim=True) + torch.exp(sink[:, None, None] - mx)
-            oo = (self.bf(pe) @ rows) / den
+            pe = fexp(lg - mx)  # pass 2
+            den = (pe.double().sum(-1, keepdim=True) + fexp(sink[:, None, None] - mx).double()).float()
+            oo = mm(self.bf(pe), rows) / den
             o[q0:q1] = self.bf(oo).transpose(0, 1)
         o = self.rope(o, cs, inverse=True)
         dump(f"l{il}.attn.o", o)
         G = self.G
         wa = self.w_f32(a + "wo_a")  # BF16 GEMM on the dequantized wo_a
         wa = wa.reshape(G, -1, wa.shape[-1])
-        z = torch.einsum("sgi,goi->sgo", o.reshape(S, G, -1), wa)
+        z = torch.einsum("sgi,goi->sgo", o.reshape(S, G, -1).double(), wa.double()).float()
         z = self.bf(z).reshape(S, -1)
         out = self.lin_fp8(z, a + "wo_b")
         dump(f"l{il}.attn.out", out)
@@ -441,18 +489,18 @@ class Port:
     def moe(self, il, x, tok, prefix, hash_layer, dump):
         S = x.shape[0]
         f = prefix + "ffn."
-        logits = x @ self.w_f32(f + "gate.weight").T
-        s = torch.sqrt(F.softplus(logits))
+        logits = mm(x, self.w_f32(f + "gate.weight").T)
+        s = torch.sqrt(fsoftplus(logits))
         if hash_layer:
             sel = self.t[f + "gate.tid2eid"][tok].long()
         else:
             biased = s + self.w_f32(f + "gate.bias")
             sel = torch.sort(biased, dim=-1, descending=True, stable=True).indices[:, : self.topk]
         w = s.gather(1, sel)
-        w = w / w.sum(-1, keepdim=True) * self.cfg["routed_scaling_factor"]
+        w = w / dsum(w, -1, keepdim=True) * self.cfg["routed_scaling_factor"]
         dump(f"l{il}.ffn.gate.idx", sel.to(F32))
         dump(f"l{il}.ffn.gate.w", w)
-        Y = torch.zeros(S, self.D, dtype=F32)
+        Y = torch.zeros(S, self.D, dtype=torch.float64)
         for e in range(self.E):
             tok_idx, k_idx = torch.where(sel == e)
             if tok_idx.numel() == 0:
@@ -461,19 +509,21 @@ class Port:
             pe = f + f"experts.{e}."
             g = self.lin_fp4(xe, pe + "w1").clamp(max=self.lim)
             u = self.lin_fp4(xe, pe + "w3").clamp(-self.lim, self.lim)
-            h = self.bf(F.silu(g) * u * w[tok_idx, k_idx, None])
-            Y.index_add_(0, tok_idx, self.lin_fp4(h, pe + "w2"))
+            h = self.bf(fsilu(g) * u * w[tok_idx, k_idx, None])
+            Y.index_add_(0, tok_idx, self.lin_fp4(h, pe + "w2").double())
         sp = f + "shared_experts."
         g = self.lin_fp8(x, sp + "w1").clamp(max=self.lim)
         u = self.lin_fp8(x, sp + "w3").clamp(-self.lim, self.lim)
-        sh = self.lin_fp8(self.bf(F.silu(g) * u), sp + "w2")
-        return self.bf(Y + sh)
+        sh = self.lin_fp8(self.bf(fsilu(g) * u), sp + "w2")
+        return self.bf((Y + sh.double()).float())
 
     # ------------------------------------------------------------------ model
     def block(self, il, X, tok, prefix, r, hash_layer, dump):
         u, post, comb = self.hc_pre(X, prefix + "hc_attn")
         x = self.rms(u, prefix + "attn_norm")
         dump(f"l{il}.hc_attn.u", u)
+        dump(f"l{il}.hc_attn.post", post)
+        dump(f"l{il}.hc_attn.comb", comb)
         dump(f"l{il}.attn.x", x)
         a = self.attention(il, x, prefix, r, dump)
         X = self.hc_post(a, X, post, comb)
@@ -502,7 +552,7 @@ class Port:
         dump("final.y", y)
         z = self.rms(y, "norm")
         dump("final.z", z)
-        logits = z @ self.w_f32("head").T
+        logits = mm(z, self.w_f32("head").T)
         dump("logits", logits)
         return logits
 
