@@ -17,11 +17,17 @@ struct OracleCase {
   Numerics numerics;
 };
 
+// Prompts of 1000 tokens and more are marked `_long`: the sanitizer pass of scripts/test skips them.
 std::string case_name(const testing::TestParamInfo<OracleCase>& info) {
   std::string m = info.param.model;
   for (char& ch : m)
     if (ch == '-') ch = '_';
-  return m + "_" + std::to_string(info.param.prompt) + "_" + to_string(info.param.numerics);
+  return m + "_" + std::to_string(info.param.prompt) + "_" + to_string(info.param.numerics) +
+         (info.param.prompt >= 1000 ? "_long" : "");
+}
+
+void PrintTo(const OracleCase& c, std::ostream* os) {
+  *os << c.model << ", " << c.prompt << " tokens, " << to_string(c.numerics);
 }
 
 class Oracle : public testing::TestWithParam<OracleCase> {};

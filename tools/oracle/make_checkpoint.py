@@ -36,7 +36,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import stfile  # noqa: E402
-from configs import CONFIGS  # noqa: E402
+from configs import BENCH_CONFIGS, CONFIGS  # noqa: E402
 
 
 # Gains of the output projections of each sublayer (the residual-stream writers).
@@ -318,14 +318,17 @@ def write_checkpoint(cfg: dict, tensors: dict, out: str, shards: int):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", required=True, choices=sorted(CONFIGS))
+    ap.add_argument("--config", required=True, choices=sorted(CONFIGS) + sorted(BENCH_CONFIGS))
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--shards", type=int, default=1)
+    ap.add_argument("--no-calibrate", action="store_true",
+                    help="skip the data-dependent calibration (benchmark shapes: speed, not logits)")
     args = ap.parse_args()
-    cfg = CONFIGS[args.config]
+    cfg = CONFIGS.get(args.config) or BENCH_CONFIGS[args.config]
     tensors = build_tensors(cfg, args.seed)
-    calibrate(cfg, tensors, args.seed)
+    if not args.no_calibrate:
+        calibrate(cfg, tensors, args.seed)
     write_checkpoint(cfg, tensors, args.out, args.shards)
     nbytes = sum(v.numel() * v.element_size() for v in tensors.values())
     print(f"{args.out}: {len(tensors)} tensors, {nbytes} bytes, {max(args.shards, 1)} file(s)")
