@@ -206,6 +206,33 @@ Checkpoint Checkpoint::open(const std::string& dir) {
   return ck;
 }
 
+void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors) {
+  json header = json::object();
+  uint64_t offset = 0;
+  std::vector<uint64_t> sizes;
+  for (const TensorToWrite& t : tensors) {
+    uint64_t n = dtype_size(t.dtype);
+    for (int64_t d : t.shape) n *= uint64_t(d);
+    header[t.name] = {{"dtype", to_string(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + n}}};
+    offset += n;
+    sizes.push_back(n);
+  }
+  std::string h = header.dump();
+  while (h.size() % 8) h += ' ';  // keeps the data section 8-byte aligned
+  std::ofstream f(path, std::ios::binary);
+  if (!f) fail(ErrorCode::invalid_input, "{}: cannot write", path);
+  const uint64_t header_len = h.size();
+  f.write(reinterpret_cast<const char*>(&header_len), 8);
+  f.write(h.data(), std::streamsize(h.size()));
+  std::vector<uint8_t> buffer;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    buffer.assign(sizes[i], 0);
+    tensors[i].fill(buffer.data(), buffer.size());
+    f.write(reinterpret_cast<const char*>(buffer.data()), std::streamsize(buffer.size()));
+  }
+  if (!f) fail(ErrorCode::invalid_input, "{}: write failed", path);
+}
+
 const TensorInfo* Checkpoint::find(const std::string& name) const {
   auto it = tensors_.find(name);
   return it == tensors_.end() ? nullptr : &it->second;

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -48,6 +49,17 @@ class MappedFile {
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
 };
+
+// One tensor to write: `fill` writes its nbytes (numel · dtype size) into the buffer it is given.
+struct TensorToWrite {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  std::function<void(uint8_t* dst, size_t nbytes)> fill;
+};
+
+// Writes a safetensors file with the tensors in the given order, one tensor in memory at a time.
+void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors);
 
 class Checkpoint {
  public:

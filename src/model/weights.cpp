@@ -54,13 +54,18 @@ std::string shape_string(const Shape& s) {
 }
 
 // Hands out tensors by name, checking dtype and shape, and records every problem instead of
-// stopping at the first, so one run reports the whole list.
+// stopping at the first, so one run reports the whole list. Without a checkpoint it only lists
+// what it is asked for (expected_tensors): the same walk is the table for both uses.
 class Binder {
  public:
-  Binder(const Checkpoint& ck, const ModelConfig& config) : ck_(ck), config_(config) {}
+  Binder(const Checkpoint* ck, const ModelConfig& config) : ck_(ck), config_(config) {}
 
   const TensorInfo* take(const std::string& name, std::initializer_list<DType> dtypes, const Shape& shape) {
-    const TensorInfo* t = ck_.find(name);
+    if (!ck_) {
+      listed_.push_back({name, *dtypes.begin(), shape});
+      return nullptr;
+    }
+    const TensorInfo* t = ck_->find(name);
     if (!t) {
       errors_.push_back(fmt::format("{}: missing tensor (expected {} {})", name, to_string(*dtypes.begin()),
                                     shape_string(shape)));
@@ -230,18 +235,20 @@ class Binder {
   }
 
   void report_leftovers() {
-    for (auto& [name, t] : ck_.tensors())
+    for (auto& [name, t] : ck_->tensors())
       if (!used_.count(name)) errors_.push_back(fmt::format("{}: {}: unexpected tensor (not in the model for this config)", t.file, name));
   }
 
   void throw_if_errors() const {
     if (errors_.empty()) return;
-    std::string msg = fmt::format("{}: {} problem(s) with the checkpoint tensors:", ck_.dir(), errors_.size());
+    std::string msg = fmt::format("{}: {} problem(s) with the checkpoint tensors:", ck_->dir(), errors_.size());
     const size_t shown = std::min<size_t>(errors_.size(), 40);
     for (size_t i = 0; i < shown; ++i) msg += "\n  " + errors_[i];
     if (shown < errors_.size()) msg += fmt::format("\n  ... and {} more", errors_.size() - shown);
     throw Error(ErrorCode::invalid_input, msg);
   }
+
+  std::vector<TensorSpec> listed() const { return listed_; }
 
  private:
   static Linear named(const std::string& name, WeightFormat format, int64_t out, int64_t in) {
@@ -253,16 +260,15 @@ class Binder {
     return l;
   }
 
-  const Checkpoint& ck_;
+  const Checkpoint* ck_;
   const ModelConfig& config_;
+  std::vector<TensorSpec> listed_;
   std::vector<std::string> errors_;
   std::set<std::string> used_;
 };
 
-}  // namespace
-
-Weights bind_weights(const Checkpoint& ck, const ModelConfig& c) {
-  Binder b(ck, c);
+// The model in spec order: every tensor it asks the binder for.
+Weights walk(Binder& b, const ModelConfig& c) {
   Weights w;
   const int64_t D = c.hidden_size;
   w.embed = b.plain("embed.weight", c.vocab_size, D);
@@ -283,9 +289,23 @@ Weights bind_weights(const Checkpoint& ck, const ModelConfig& c) {
     mtp.hc_head = b.hc(p + "hc_head_", c.hc_mult);
     w.mtp.push_back(std::move(mtp));
   }
+  return w;
+}
+
+}  // namespace
+
+Weights bind_weights(const Checkpoint& ck, const ModelConfig& c) {
+  Binder b(&ck, c);
+  Weights w = walk(b, c);
   b.report_leftovers();
   b.throw_if_errors();
   return w;
+}
+
+std::vector<TensorSpec> expected_tensors(const ModelConfig& c) {
+  Binder b(nullptr, c);
+  walk(b, c);
+  return b.listed();
 }
 
 }  // namespace dsv4::model

@@ -107,4 +107,13 @@ struct Weights {
 // problems found.
 Weights bind_weights(const Checkpoint& ck, const ModelConfig& config);
 
+// The tensors a checkpoint for `config` holds, in spec order, with their (first accepted) dtype
+// and shape: the same table bind_weights checks against.
+struct TensorSpec {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+};
+std::vector<TensorSpec> expected_tensors(const ModelConfig& config);
+
 }  // namespace dsv4::model

@@ -1,13 +1,11 @@
-// Test helper: writes safetensors files (and copies of fixture checkpoints with edits) so the
-// loader's error paths can be exercised on real bytes.
+// Test helper: safetensors files (and copies of fixture checkpoints with edits) from raw bytes, so
+// the loader's error paths can be exercised on real files.
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
-#include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -21,20 +19,23 @@ struct RawTensor {
   std::vector<uint8_t> bytes;
 };
 
+inline model::DType dtype_named(const std::string& name) {
+  for (int d = 0; d <= int(model::DType::F8_E8M0); ++d)
+    if (name == model::to_string(model::DType(d))) return model::DType(d);
+  throw std::invalid_argument("unknown dtype " + name);
+}
+
+// Writes the tensors as given; a byte count that disagrees with dtype and shape is written as is
+// (the point of some tests), so the header is made here, not by write_safetensors.
 inline void write_safetensors(const std::string& path, const std::map<std::string, RawTensor>& tensors) {
-  nlohmann::json header = nlohmann::json::object();
-  size_t offset = 0;
+  std::vector<model::TensorToWrite> list;
   for (const auto& [name, t] : tensors) {
-    header[name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes.size()}}};
-    offset += t.bytes.size();
+    const RawTensor* raw = &t;
+    list.push_back({name, dtype_named(t.dtype), t.shape, [raw](uint8_t* dst, size_t n) {
+                      std::copy_n(raw->bytes.begin(), std::min(n, raw->bytes.size()), dst);
+                    }});
   }
-  std::string h = header.dump();
-  while (h.size() % 8) h += ' ';
-  std::ofstream f(path, std::ios::binary);
-  const uint64_t n = h.size();
-  f.write(reinterpret_cast<const char*>(&n), 8);
-  f.write(h.data(), std::streamsize(h.size()));
-  for (const auto& [name, t] : tensors) f.write(reinterpret_cast<const char*>(t.bytes.data()), std::streamsize(t.bytes.size()));
+  model::write_safetensors(path, list);
 }
 
 // All tensors of a checkpoint as raw bytes, for editing.
@@ -45,7 +46,7 @@ inline std::map<std::string, RawTensor> read_all(const model::Checkpoint& ck) {
   return out;
 }
 
-// A fresh temporary folder under the build tree.
+// A fresh temporary folder.
 inline std::string temp_dir(const std::string& name) {
   const std::filesystem::path p = std::filesystem::temp_directory_path() / ("dsv4_test_" + name);
   std::filesystem::remove_all(p);
