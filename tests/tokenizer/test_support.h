@@ -64,13 +64,14 @@ inline std::string read_file(const std::string& path) {
 }
 
 // One JSON value per non-empty line.
-inline std::vector<nlohmann::json> read_jsonl(const std::string& path) {
-  std::vector<nlohmann::json> rows;
+// Ordered, so that objects (tool schemas) keep their key order.
+inline std::vector<nlohmann::ordered_json> read_jsonl(const std::string& path) {
+  std::vector<nlohmann::ordered_json> rows;
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error("cannot open " + path);
   std::string line;
   while (std::getline(in, line))
-    if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
+    if (!line.empty()) rows.push_back(nlohmann::ordered_json::parse(line));
   return rows;
 }
 

@@ -10,7 +10,7 @@
 namespace dsv4::tokenizer {
 namespace {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 using testing::read_jsonl;
 using testing::source_path;
 
