@@ -117,8 +117,8 @@ void BpeMerges::encode_long(std::vector<int32_t>& symbols) const {
   };
   std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
   auto push = [&](int32_t pos) {
+    if (pos < 0 || next[pos] < 0) return;
     int32_t nx = next[pos];
-    if (pos < 0 || nx < 0) return;
     if (const Slot* s = find(symbols[pos], symbols[nx]))
       heap.push({s->rank, pos, symbols[pos], symbols[nx]});
   };

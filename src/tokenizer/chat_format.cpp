@@ -387,7 +387,8 @@ RenderedPrompt render_prompt(std::vector<Message> messages, const ordered_json& 
     if (!messages.empty() && messages[0].role == "system" && (messages[0].tools.is_null() || messages[0].tools.empty())) {
       messages[0].tools = tools;
     } else {
-      Message system{"system", nullptr};
+      Message system;
+      system.role = "system";
       system.tools = tools;
       messages.insert(messages.begin(), std::move(system));
     }

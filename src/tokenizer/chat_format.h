@@ -56,15 +56,21 @@ struct Message {
   std::optional<std::string> task;    // internal quick-instruction task: action, query, …
   bool wo_eos = false;                // assistant prefill: no EOS, nothing appended after it
 
-  static Message system(std::string text) { return {"system", std::move(text)}; }
-  static Message user(std::string text) { return {"user", std::move(text)}; }
+  static Message make(std::string role, std::string text) {
+    Message m;
+    m.role = std::move(role);
+    m.content = std::move(text);
+    return m;
+  }
+  static Message system(std::string text) { return make("system", std::move(text)); }
+  static Message user(std::string text) { return make("user", std::move(text)); }
   static Message assistant(std::string text, std::string reasoning = {}) {
-    Message m{"assistant", std::move(text)};
+    Message m = make("assistant", std::move(text));
     m.reasoning_content = std::move(reasoning);
     return m;
   }
   static Message tool(std::string call_id, std::string text) {
-    Message m{"tool", std::move(text)};
+    Message m = make("tool", std::move(text));
     m.tool_call_id = std::move(call_id);
     return m;
   }

@@ -65,20 +65,24 @@ Scan scan_tag(std::string_view buf, size_t pos, bool final, Tag& tag) {
     partial |= s == Scan::partial;
   }
   if (!matched) return partial ? Scan::partial : Scan::none;
-  matched = partial = false;
+  // The tag name must be followed by '>' or a space. Input that ends inside the name waits for
+  // more; at the very end it is a cut-off tag (markup, dropped), whatever the chunking was.
+  bool cut = false;
   for (auto& [word, name] : kTagNames) {
-    Scan s = starts_with(buf, p, word, final);
-    if (s == Scan::full && p + word.size() < n && (buf[p + word.size()] == '>' || is_space(buf[p + word.size()]))) {
+    size_t available = n - p;
+    if (available <= word.size()) {
+      if (buf.compare(p, available, word.substr(0, available)) == 0) cut = true;
+      continue;
+    }
+    if (buf.compare(p, word.size(), word) == 0 && (buf[p + word.size()] == '>' || is_space(buf[p + word.size()]))) {
       p += word.size();
       tag.name = name;
       matched = true;
       break;
     }
-    partial |= s == Scan::partial || (s == Scan::full && p + word.size() == n && !final);
   }
-  if (!matched && partial) return Scan::partial;
-  if (!matched && final && p + 16 > n) {
-    // The output ended inside a DSML tag: it is markup, never text.
+  if (!matched && cut) {
+    if (!final) return Scan::partial;
     tag.name = TagName::unknown;
     tag.end = n;
     return Scan::full;
@@ -132,7 +136,8 @@ std::string attribute(std::string_view attrs, std::string_view key, bool& found)
 }
 
 bool is_json(std::string_view text) {
-  return nlohmann::json::accept(text.begin(), text.end());
+  // nlohmann's lexer reads a NUL byte as the end of input, so "1\0junk" would pass otherwise.
+  return text.find('\0') == std::string_view::npos && nlohmann::json::accept(text.begin(), text.end());
 }
 
 }  // namespace
@@ -165,12 +170,15 @@ void OutputParser::emit(ParserDelta::Kind kind, std::string_view text) {
 }
 
 void OutputParser::emit_text(std::string_view text) {
-  emit(state_ == State::reasoning ? ParserDelta::Kind::reasoning : ParserDelta::Kind::content, text);
+  // Invalid UTF-8 becomes U+FFFD here; callers hold back a valid but unfinished tail, so the
+  // replacement does not depend on how the input was chunked.
+  emit(state_ == State::reasoning ? ParserDelta::Kind::reasoning : ParserDelta::Kind::content,
+       is_valid_utf8(text) ? std::string(text) : to_valid_utf8(text));
 }
 
 void OutputParser::begin_call(std::string_view attrs) {
   bool found = false;
-  std::string name = attribute(attrs, "name", found);
+  std::string name = to_valid_utf8(attribute(attrs, "name", found));
   if (!found) warn("tool call without a name");
   message_.tool_calls.push_back({name, ""});
   emit(ParserDelta::Kind::tool_call_begin, name);
@@ -182,7 +190,7 @@ void OutputParser::begin_call(std::string_view attrs) {
 
 void OutputParser::begin_parameter(std::string_view attrs) {
   bool has_name = false, has_type = false;
-  std::string name = attribute(attrs, "name", has_name);
+  std::string name = to_valid_utf8(attribute(attrs, "name", has_name));
   std::string type = attribute(attrs, "string", has_type);
   if (!has_name) warn("parameter without a name");
   state_ = State::value;
@@ -322,8 +330,10 @@ size_t OutputParser::step_text(size_t pos, bool final) {
   if (waiting || state_ != before) return next;
   if (next == pos) {  // an ordinary '<' or '｜'
     size_t len = buf[pos] == '<' ? 1 : valid_sequence_length(buf, pos);
-    if (len == 0) len = final ? invalid_subpart_length(buf, pos) : (incomplete_tail_length(buf.substr(pos)) ? 0 : 1);
-    if (len == 0) return pos;  // an unfinished character at the end
+    if (len == 0) {
+      if (!final && incomplete_tail_length(buf.substr(pos)) == buf.size() - pos) return pos;  // unfinished
+      len = invalid_subpart_length(buf, pos);
+    }
     emit_text(buf.substr(pos, len));
     return pos + len;
   }
@@ -408,7 +418,7 @@ size_t OutputParser::step_value(size_t pos, bool final) {
     std::string_view text = buf.substr(pos, end - pos);
     if (value_kind_ == ValueKind::string) {
       std::string escaped;
-      append_python_json_string_body(escaped, final ? to_valid_utf8(text) : std::string(text));
+      append_python_json_string_body(escaped, is_valid_utf8(text) ? std::string(text) : to_valid_utf8(text));
       emit(ParserDelta::Kind::tool_call_arguments, escaped);
     } else if (value_kind_ != ValueKind::skipped) {
       value_raw_ += text;
