@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CPU end-to-end benchmark: prefill and decode tokens/s of `dsv4 generate` (deepseek numerics)
-# for the largest fixture (tiny-flash) and a ≈1B-parameter synthetic config (random weights in the
-# official format, made by tools/oracle/make_checkpoint.py; needs `scripts/setup --oracle`).
+# for the largest fixture (tiny-flash) and a ≈1B-parameter synthetic config (bench/configs/
+# synthetic-1b.json: random weights in the official format, written by `dsv4 synth`).
 # Appends one JSON line per case to bench/results/cpu_e2e.jsonl with command, commit and hardware.
 #   bench/cpu_e2e.sh [prompt_tokens=4096] [decode_tokens=64]
 set -euo pipefail
@@ -11,9 +11,7 @@ decode=${2:-64}
 out=bench/results/cpu_e2e.jsonl
 synthetic=${DSV4_BENCH_DIR:-/tmp/dsv4-bench}/synthetic-1b
 mkdir -p bench/results
-if [ ! -f "$synthetic/config.json" ]; then
-  python3 tools/oracle/make_checkpoint.py --config synthetic-1b --seed 1 --out "$synthetic" --shards 4 --no-calibrate
-fi
+[ -f "$synthetic/config.json" ] || build/dsv4 synth --config bench/configs/synthetic-1b.json --seed 1 --shards 4 --out "$synthetic"
 ids=$(python3 -c "import random; r=random.Random(0); print(','.join(str(r.randrange(256)) for _ in range($prompt)))")
 commit=$(git rev-parse --short HEAD)
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)

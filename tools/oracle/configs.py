@@ -76,9 +76,9 @@ CONFIGS = {
         "index_n_heads": 8,
         "index_head_dim": 128,
         "index_topk": 16,
-        "n_routed_experts": 16,
+        "n_routed_experts": 8,
         "num_experts_per_tok": 3,
-        "moe_intermediate_size": 256,
+        "moe_intermediate_size": 128,
         "num_hash_layers": 3,
         "routed_scaling_factor": 2.5,
         "hc_mult": 4,
@@ -105,33 +105,6 @@ CONFIGS = {
         "hc_mult": 2,
         "hc_sinkhorn_iters": 7,
         "rope_scaling": None,
-    }),
-}
-
-# Benchmark-only shapes (never committed): ≈1B parameters with the real vocabulary and head layout.
-BENCH_CONFIGS = {
-    "synthetic-1b": dict(_COMMON, **{
-        "vocab_size": 129280,
-        "hidden_size": 1024,
-        "num_hidden_layers": 8,
-        "compress_ratios": [0, 4, 128, 4, 128, 4, 128, 4, 0],
-        "head_dim": 512,
-        "num_attention_heads": 8,
-        "q_lora_rank": 512,
-        "o_groups": 4,
-        "o_lora_rank": 512,
-        "sliding_window": 128,
-        "index_n_heads": 16,
-        "index_head_dim": 128,
-        "index_topk": 512,
-        "n_routed_experts": 32,
-        "num_experts_per_tok": 4,
-        "moe_intermediate_size": 768,
-        "num_hash_layers": 2,
-        "routed_scaling_factor": 1.5,
-        "hc_mult": 4,
-        "hc_sinkhorn_iters": 20,
-        "rope_scaling": dict(_YARN),
     }),
 }
 

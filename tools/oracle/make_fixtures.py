@@ -26,7 +26,7 @@ import port as P  # noqa: E402
 import reference  # noqa: E402
 from configs import CONFIGS, FIXTURES  # noqa: E402
 
-DUMP_TOKENS = {"tiny-flash": 16}
+DUMP_TOKENS = {}  # committed fixtures carry no dumps: port.py --dump makes them on demand
 
 
 def tie_fractions(logits: np.ndarray) -> dict:
@@ -50,6 +50,7 @@ def make(name: str, root: str):
     tensors = make_checkpoint.build_tensors(cfg, spec["seed"])
     make_checkpoint.calibrate(cfg, tensors, spec["seed"])
     make_checkpoint.write_checkpoint(cfg, tensors, mdir, spec["shards"])
+    ck_stats = make_checkpoint.verify_checkpoint(mdir)
 
     g = torch.Generator().manual_seed(spec["token_seed"])
     tokens = torch.randint(0, cfg["vocab_size"], (spec["n_tokens"],), generator=g).tolist()
@@ -62,11 +63,13 @@ def make(name: str, root: str):
     write_f32(os.path.join(ldir, "plain.f32"), hf)
 
     print(f"[{name}] port plain", flush=True)
-    plain = P.Port(mdir, "plain").forward(tokens)
+    pp = P.Port(mdir, "plain")
+    plain = pp.forward(tokens)
     print(f"[{name}] port deepseek", flush=True)
     ndump = DUMP_TOKENS.get(name)
     dump = P.Dump(ndump) if ndump else None
-    ds = P.Port(mdir, "deepseek").forward(tokens, dump)
+    pd = P.Port(mdir, "deepseek")
+    ds = pd.forward(tokens, dump)
     write_f32(os.path.join(ldir, "deepseek.f32"), ds)
     if dump is not None:
         ddir = os.path.join(ldir, "dump")
@@ -84,6 +87,7 @@ def make(name: str, root: str):
         "checkpoint_seed": spec["seed"],
         "token_seed": spec["token_seed"],
         "shards": spec["shards"],
+        "checkpoint": ck_stats,
         "port_plain_vs_transformers": {
             "max_abs_diff": float(d.max()),
             "mean_abs_diff": float(d.mean()),

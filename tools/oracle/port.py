@@ -19,8 +19,8 @@ reference kernel is an online softmax over 64-index blocks; its running-max resc
 bf16(p) differ from ours in the last bit now and then - an accepted residual.
 
 Canonical arithmetic (both modes), shared with the C++ CPU backend: every sum and matrix product
-accumulates in float64 and is rounded once to float32, and exp, rsqrt, sin/cos, sigmoid, silu and
-softplus are evaluated in float64 and rounded once. Results are then (but for rare double-rounding
+accumulates in float64 and is rounded once to float32, and exp, sqrt, rsqrt, sin/cos, sigmoid, silu
+and softplus are evaluated in float64 and rounded once. Results are then (but for rare double-rounding
 ties) the correctly rounded values whatever the reduction order, so this port and the engine agree
 bit for bit where they follow the same definition. Without it, a last-bit difference from a
 library's reduction order flips a later FP8 quantization decision now and then, and the random
@@ -77,6 +77,10 @@ def fexp(x):
 
 def frsqrt(x):
     return (1.0 / torch.sqrt(x.double())).float()
+
+
+def fsqrt(x):
+    return torch.sqrt(x.double()).float()
 
 
 def fsigmoid(x):
@@ -308,10 +312,11 @@ class Port:
             s = -s
         n = x.shape[-1] - self.rd
         xr = x[..., n:]
-        a, b = xr[..., 0::2], xr[..., 1::2]
-        ra = a * c - b * s
+        a, b = xr[..., 0::2].double(), xr[..., 1::2].double()
+        c, s = c.double(), s.double()
+        ra = a * c - b * s  # 2-term dot products: float64 (exact products), rounded once
         rb = a * s + b * c
-        rot = torch.stack([ra, rb], dim=-1).flatten(-2)
+        rot = torch.stack([ra, rb], dim=-1).flatten(-2).float()
         return torch.cat([x[..., :n], self.bf(rot)], dim=-1)
 
     # ------------------------------------------------------------------ mHC
@@ -490,7 +495,7 @@ class Port:
         S = x.shape[0]
         f = prefix + "ffn."
         logits = mm(x, self.w_f32(f + "gate.weight").T)
-        s = torch.sqrt(fsoftplus(logits))
+        s = fsqrt(fsoftplus(logits))
         if hash_layer:
             sel = self.t[f + "gate.tid2eid"][tok].long()
         else:

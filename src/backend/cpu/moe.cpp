@@ -30,7 +30,7 @@ void CpuBackend::route(const model::MoeWeights& m, const float* x, const int32_t
   linear(m.gate, Compute::f32, x, T, logits.data());
   parallel_for(T, [&](int64_t t) {
     std::vector<float> score(static_cast<size_t>(E));
-    for (int64_t e = 0; e < E; ++e) score[size_t(e)] = std::sqrt(softplus_f(logits[size_t(t * E + e)]));
+    for (int64_t e = 0; e < E; ++e) score[size_t(e)] = sqrt_f(softplus_f(logits[size_t(t * E + e)]));
     int32_t* st = sel + t * k;
     if (!m.tid2eid.empty()) {
       for (int64_t i = 0; i < k; ++i) st[i] = m.tid2eid[size_t(int64_t(tokens[t]) * k + i)];

@@ -58,8 +58,8 @@ inline void hadamard_bf16(float* x, int64_t n) {
 }
 
 // ---- Canonical arithmetic of the CPU reference ---------------------------------------------------
-// Every sum accumulates in double and is rounded once to fp32, and exp, log1p, sin, cos, rsqrt and
-// the sigmoid are evaluated in double and rounded once. The results are then (but for rare double
+// Every sum accumulates in double and is rounded once to fp32, and exp, log1p, sin, cos, sqrt,
+// rsqrt and the sigmoid are evaluated in double and rounded once. The results are then (but for rare double
 // rounding ties) the correctly rounded values whatever the summation order, so an independent
 // implementation that follows the same definition (tools/oracle/port.py) agrees bit for bit instead
 // of depending on a library's reduction order. That matters here: a last-bit difference in the bf16
@@ -76,11 +76,13 @@ inline float dot(const float* a, const float* b, int64_t n) {
 }
 
 inline float exp_f(float x) { return float(std::exp(double(x))); }
+inline float sqrt_f(float x) { return float(std::sqrt(double(x))); }
 inline float rsqrt_f(float x) { return float(1.0 / std::sqrt(double(x))); }
 inline float sigmoid_f(float x) { return float(1.0 / (1.0 + std::exp(-double(x)))); }
 inline float silu_f(float x) { return float(double(x) / (1.0 + std::exp(-double(x)))); }
 inline float sin_f(float x) { return float(std::sin(double(x))); }
 inline float cos_f(float x) { return float(std::cos(double(x))); }
+// PyTorch's softplus: the identity above its threshold of 20.
 inline float softplus_f(float x) { return x > 20.0f ? x : float(std::log1p(std::exp(double(x)))); }
 
 }  // namespace dsv4::cpu

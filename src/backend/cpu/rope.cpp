@@ -22,9 +22,11 @@ void CpuBackend::rope(float* x, int64_t n_groups, int64_t group, int64_t row_str
       const float s = inverse ? -sin_f(angle) : sin_f(angle);
       for (int64_t h = 0; h < group; ++h) {
         float* v = x + (i * group + h) * row_stride + offset + 2 * k;
-        const float a = v[0], b = v[1];
-        v[0] = round(a * c - b * s);
-        v[1] = round(a * s + b * c);
+        // A rotation is a pair of 2-term dot products: float64 (the products are exact), then
+        // one rounding, as every sum here (quant.h).
+        const double a = v[0], b = v[1];
+        v[0] = round(float(a * c - b * s));
+        v[1] = round(float(a * s + b * c));
       }
     }
   });
