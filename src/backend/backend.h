@@ -72,6 +72,7 @@ class Backend {
   virtual void copy(float* dst, const float* src, size_t n_floats) = 0;
   virtual void fill(float* dst, float value, size_t n_floats) = 0;
   virtual void to_host(float* host_dst, const float* src, size_t n_floats) = 0;
+  virtual void ids_from_host(int32_t* dst, const int32_t* host_src, size_t n) = 0;
 
   // ---- ops --------------------------------------------------------------------------------------
   // X[t, h, :] = embed[tokens[t]] for every stream h (§3.1).

@@ -39,7 +39,7 @@ std::vector<float> Engine::forward(SequenceState& seq, std::span<const int32_t> 
   Backend& b = *backend_;
 
   IdBuffer ids(b, size_t(T));
-  std::copy(tokens.begin(), tokens.end(), ids.get());  // host-visible on the CPU; see backend.h
+  b.ids_from_host(ids.get(), tokens.data(), size_t(T));
   Buffer X(b, size_t(T * hc * D));
   b.embed(w.embed, ids.get(), T, hc, X.get());
 
