@@ -6,6 +6,11 @@
 // backend reproduces the official reference (FP8/FP4 activation quantization, KV FP8 and indexer
 // FP4 simulation, the bf16 roundings of §5), and values between ops are bf16-representable; in
 // `plain` numerics everything is fp32 on the dequantized weights and no quantization step runs.
+//
+// Memory: activation, state and id buffers come from the backend (alloc, alloc_ids) and only ops
+// touch them. Weights (Linear data and scales, the small float vectors of norms, sinks, ape, hc
+// parameters, router bias and tid2eid, RoPE frequencies) are host memory owned by the model; a
+// device backend uploads each on first use and keeps it.
 #pragma once
 
 #include <cstddef>
