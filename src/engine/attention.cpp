@@ -39,24 +39,18 @@ void Engine::attention_sublayer(const model::LayerWeights& lw, LayerState& ls, i
                                 const Tracer* tracer) {
   const model::ModelConfig& c = config();
   const model::AttentionWeights& aw = lw.attn;
-  const int64_t D = c.hidden_size, hc = c.hc_mult, H = c.n_heads, hd = c.head_dim;
+  const int64_t D = c.hidden_size, H = c.n_heads, hd = c.head_dim;
   const double eps = c.rms_norm_eps;
   const RopeFreqs& rope = lw.kind == model::AttnKind::swa ? rope_main_ : rope_compress_;
   const std::string l = "l" + std::to_string(lw.il);
   Backend& b = *backend_;
 
-  // mHC pre and the sublayer input.
-  Buffer u(b, size_t(T * D)), post(b, size_t(T * hc)), comb(b, size_t(T * hc * hc)), x(b, size_t(T * D));
-  b.hc_pre(lw.hc_attn, X, T, hc, D, c.hc_sinkhorn_iters, c.hc_eps, eps, u.get(), post.get(), comb.get());
-  trace(tracer, l + ".hc_attn.u", u.get(), {T, D});
-  trace(tracer, l + ".hc_attn.post", post.get(), {T, hc});
-  trace(tracer, l + ".hc_attn.comb", comb.get(), {T, hc, hc});
-  b.rms_norm(u.get(), lw.attn_norm.data(), T, D, eps, x.get());
-  trace(tracer, l + ".attn.x", x.get(), {T, D});
+  const SublayerInput in = enter_sublayer(lw.hc_attn, lw.attn_norm, X, T, tracer, l + ".hc_attn", l + ".attn.x");
+  const float* x = in.x.get();
 
   // Query path: low rank, q_norm, per-head weightless norm, RoPE on the last dims.
   Buffer qa(b, size_t(T * c.q_lora_rank)), qr(b, size_t(T * c.q_lora_rank)), q(b, size_t(T * H * hd));
-  b.linear(aw.wq_a, Compute::quantized, x.get(), T, qa.get());
+  b.linear(aw.wq_a, Compute::quantized, x, T, qa.get());
   b.rms_norm(qa.get(), aw.q_norm.data(), T, c.q_lora_rank, eps, qr.get());
   trace(tracer, l + ".attn.qr", qr.get(), {T, c.q_lora_rank});
   b.linear(aw.wq_b, Compute::quantized, qr.get(), T, q.get());
@@ -66,7 +60,7 @@ void Engine::attention_sublayer(const model::LayerWeights& lw, LayerState& ls, i
 
   // KV path: one shared K = V head; the non-rope dims go through the FP8 simulation.
   Buffer kv_raw(b, size_t(T * hd)), kv(b, size_t(T * hd));
-  b.linear(aw.wkv, Compute::quantized, x.get(), T, kv_raw.get());
+  b.linear(aw.wkv, Compute::quantized, x, T, kv_raw.get());
   b.rms_norm(kv_raw.get(), aw.kv_norm.data(), T, hd, eps, kv.get());
   b.rope(kv.get(), T, 1, hd, rope, p0, 1, false);
   b.kv_fp8_sim(kv.get(), T, hd, c.nope_head_dim());
@@ -78,13 +72,13 @@ void Engine::attention_sublayer(const model::LayerWeights& lw, LayerState& ls, i
   if (aw.indexer) {
     const model::IndexerWeights& ix = *aw.indexer;
     const int64_t Hi = c.index_n_heads, di = c.index_head_dim;
-    run_compressor(b, ix.compressor, ls.index_compressor, ls.index_keys, x.get(), p0, T, eps, rope,
+    run_compressor(b, ix.compressor, ls.index_compressor, ls.index_keys, x, p0, T, eps, rope,
                    [&](float* rows, int64_t n) { b.indexer_fp4_sim(rows, n, di); });
     Buffer qi(b, size_t(T * Hi * di)), wts(b, size_t(T * Hi));
     b.linear(ix.wq_b, Compute::quantized, qr.get(), T, qi.get());
     b.rope(qi.get(), T, Hi, di, rope, p0, 1, false);
     b.indexer_fp4_sim(qi.get(), T * Hi, di);
-    b.linear(ix.weights_proj, Compute::bf16, x.get(), T, wts.get());
+    b.linear(ix.weights_proj, Compute::bf16, x, T, wts.get());
     b.scale(wts.get(), T * Hi, float(std::pow(double(di), -0.5) * std::pow(double(Hi), -0.5)));
     selected = IdBuffer(b, size_t(T * c.index_topk));
     b.indexer_select(qi.get(), wts.get(), T, Hi, di, ls.index_keys.data(), ls.index_keys.rows(), 4, p0,
@@ -94,7 +88,7 @@ void Engine::attention_sublayer(const model::LayerWeights& lw, LayerState& ls, i
   }
   // CSA and HCA: the compressed KV rows.
   if (aw.compressor) {
-    run_compressor(b, *aw.compressor, ls.compressor, ls.compressed, x.get(), p0, T, eps, rope,
+    run_compressor(b, *aw.compressor, ls.compressor, ls.compressed, x, p0, T, eps, rope,
                    [&](float* rows, int64_t n) { b.kv_fp8_sim(rows, n, hd, c.nope_head_dim()); });
     comp.kv = ls.compressed.data();
     comp.n = ls.compressed.rows();
@@ -124,10 +118,7 @@ void Engine::attention_sublayer(const model::LayerWeights& lw, LayerState& ls, i
   b.linear(aw.wo_b, Compute::quantized, z.get(), T, out.get());
   trace(tracer, l + ".attn.out", out.get(), {T, D});
 
-  Buffer X_new(b, size_t(T * hc * D));
-  b.hc_post(out.get(), X, post.get(), comb.get(), T, hc, D, X_new.get());
-  b.copy(X, X_new.get(), size_t(T * hc * D));
-  trace(tracer, l + ".hc_attn.X", X, {T, hc, D});
+  leave_sublayer(in, out.get(), X, T, tracer, l + ".hc_attn");
 }
 
 }  // namespace dsv4::engine

@@ -60,6 +60,16 @@ class Engine {
   void attention_sublayer(const model::LayerWeights& lw, LayerState& ls, int64_t p0, int64_t T, float* X,
                           const Tracer* tracer);
   void moe_sublayer(const model::LayerWeights& lw, const int32_t* tokens, int64_t T, float* X, const Tracer* tracer);
+
+  // Every sublayer is wrapped the same way (§3.2): mHC pre collapses the hc streams into the
+  // normalised sublayer input x; mHC post mixes the sublayer output back into the streams.
+  struct SublayerInput {
+    Buffer post, comb, x;
+  };
+  SublayerInput enter_sublayer(const model::HcParams& hc, const std::vector<float>& norm, const float* X, int64_t T,
+                               const Tracer* tracer, const std::string& hc_name, const std::string& x_name);
+  void leave_sublayer(const SublayerInput& in, const float* out, float* X, int64_t T, const Tracer* tracer,
+                      const std::string& hc_name);
   // Writes a backend buffer to the tracer (no-op without one).
   void trace(const Tracer* tracer, const std::string& name, const float* data, std::vector<int64_t> shape);
 

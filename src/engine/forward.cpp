@@ -79,26 +79,47 @@ std::vector<float> Engine::prefill(SequenceState& seq, std::span<const int32_t> 
   return out;
 }
 
+Engine::SublayerInput Engine::enter_sublayer(const model::HcParams& hc, const std::vector<float>& norm,
+                                             const float* X, int64_t T, const Tracer* tracer,
+                                             const std::string& hc_name, const std::string& x_name) {
+  const model::ModelConfig& c = config();
+  const int64_t D = c.hidden_size, n_hc = c.hc_mult;
+  Backend& b = *backend_;
+  SublayerInput in{Buffer(b, size_t(T * n_hc)), Buffer(b, size_t(T * n_hc * n_hc)), Buffer(b, size_t(T * D))};
+  Buffer u(b, size_t(T * D));
+  b.hc_pre(hc, X, T, n_hc, D, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, u.get(), in.post.get(), in.comb.get());
+  trace(tracer, hc_name + ".u", u.get(), {T, D});
+  trace(tracer, hc_name + ".post", in.post.get(), {T, n_hc});
+  trace(tracer, hc_name + ".comb", in.comb.get(), {T, n_hc, n_hc});
+  b.rms_norm(u.get(), norm.data(), T, D, c.rms_norm_eps, in.x.get());
+  trace(tracer, x_name, in.x.get(), {T, D});
+  return in;
+}
+
+void Engine::leave_sublayer(const SublayerInput& in, const float* out, float* X, int64_t T, const Tracer* tracer,
+                            const std::string& hc_name) {
+  const int64_t D = config().hidden_size, n_hc = config().hc_mult;
+  Backend& b = *backend_;
+  Buffer X_new(b, size_t(T * n_hc * D));
+  b.hc_post(out, X, in.post.get(), in.comb.get(), T, n_hc, D, X_new.get());
+  b.copy(X, X_new.get(), size_t(T * n_hc * D));
+  trace(tracer, hc_name + ".X", X, {T, n_hc, D});
+}
+
 // MoE sublayer (§3.2, §3.6): X ← HCPost(MoE(RMSNorm(HCPre(X))), X).
 void Engine::moe_sublayer(const model::LayerWeights& lw, const int32_t* tokens, int64_t T, float* X,
                           const Tracer* tracer) {
   const model::ModelConfig& c = config();
-  const int64_t D = c.hidden_size, hc = c.hc_mult, k = c.n_experts_per_tok;
+  const int64_t D = c.hidden_size, k = c.n_experts_per_tok;
   const std::string l = "l" + std::to_string(lw.il);
   Backend& b = *backend_;
-  Buffer u(b, size_t(T * D)), post(b, size_t(T * hc)), comb(b, size_t(T * hc * hc));
-  b.hc_pre(lw.hc_ffn, X, T, hc, D, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, u.get(), post.get(), comb.get());
-  Buffer x(b, size_t(T * D)), out(b, size_t(T * D)), weights(b, size_t(T * k));
-  b.rms_norm(u.get(), lw.ffn_norm.data(), T, D, c.rms_norm_eps, x.get());
-  trace(tracer, l + ".ffn.x", x.get(), {T, D});
+  const SublayerInput in = enter_sublayer(lw.hc_ffn, lw.ffn_norm, X, T, tracer, l + ".hc_ffn", l + ".ffn.x");
+  Buffer out(b, size_t(T * D)), weights(b, size_t(T * k));
   IdBuffer sel(b, size_t(T * k));
-  b.route(lw.ffn, x.get(), tokens, T, D, k, c.routed_scaling_factor, sel.get(), weights.get());
-  b.moe(lw.ffn, x.get(), sel.get(), weights.get(), T, D, k, c.swiglu_limit, out.get());
+  b.route(lw.ffn, in.x.get(), tokens, T, D, k, c.routed_scaling_factor, sel.get(), weights.get());
+  b.moe(lw.ffn, in.x.get(), sel.get(), weights.get(), T, D, k, c.swiglu_limit, out.get());
   trace(tracer, l + ".ffn.out", out.get(), {T, D});
-  Buffer X_new(b, size_t(T * hc * D));
-  b.hc_post(out.get(), X, post.get(), comb.get(), T, hc, D, X_new.get());
-  b.copy(X, X_new.get(), size_t(T * hc * D));
-  trace(tracer, l + ".hc_ffn.X", X, {T, hc, D});
+  leave_sublayer(in, out.get(), X, T, tracer, l + ".hc_ffn");
 }
 
 }  // namespace dsv4::engine

@@ -60,7 +60,7 @@ TEST_P(Oracle, LogitsMatchTheReference) {
 
 std::vector<OracleCase> oracle_cases() {
   std::vector<OracleCase> cases;
-  for (const std::string& model : {"tiny-flash", "tiny-pro", "tiny-swa"}) {
+  for (const char* model : {"tiny-flash", "tiny-pro", "tiny-swa"}) {
     if (!std::filesystem::exists(test::fixture_logits(model) + "/tokens.json")) continue;
     const int64_t n = int64_t(test::read_tokens(test::fixture_logits(model) + "/tokens.json").size());
     for (Numerics numerics : {Numerics::plain, Numerics::deepseek})
