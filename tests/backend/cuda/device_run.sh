@@ -16,10 +16,13 @@ out=${OUT:-/tmp}
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 echo "nvcc: $(nvcc --version | tail -1); cmake: $(cmake --version | head -1); gcc: $(gcc -dumpfullversion)"
-for h in /usr/include/nlohmann /usr/include/fmt /usr/include/gtest /usr/include/CLI; do
-  [ -e "$h" ] && echo "have $h" || echo "missing $h"
+have_all=1
+for h in /usr/include/nlohmann /usr/include/fmt /usr/include/gtest /usr/include/CLI /usr/include/pcre2.h; do
+  [ -e "$h" ] || have_all=0
 done
-if [ -n "$debs" ] && [ -d "$debs" ]; then
+command -v pkg-config >/dev/null || have_all=0
+if [ "$have_all" = 0 ] && [ -n "$debs" ] && [ -d "$debs" ]; then
+  echo "using the carried packages in $debs"
   mkdir -p /tmp/deps
   for f in "$debs"/*.deb; do dpkg -x "$f" /tmp/deps; done
   sed -i 's|^prefix=/usr$|prefix=/tmp/deps/usr|' /tmp/deps/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc \
@@ -44,4 +47,18 @@ grep -E '^\[ twin ' "$out/test.log" | grep -v 'bit-exact\|identical$' | head -30
 grep -E '^\[ e2e ' "$out/test.log"
 grep -E '^\[  (FAILED|PASSED|SKIPPED) |Failure|error' "$out/test.log" | head -40
 tail -3 "$out/test.log"
+# SANITIZE=1: compute-sanitizer's memcheck and initcheck over the op twins and one engine case,
+# racecheck over the kernels that share memory between threads.
+if [ "${SANITIZE:-0}" = 1 ]; then
+  san=/usr/local/cuda/bin/compute-sanitizer
+  for tool in memcheck initcheck; do
+    timeout 150 $san --tool $tool --error-exitcode 9 build/tests/test_cuda \
+      --gtest_filter='CudaTwin.*:*tiny_flash_129_deepseek' >"$out/$tool.log" 2>&1
+    echo "$tool: exit $? $(grep -E 'ERROR SUMMARY' "$out/$tool.log" | tail -1)"
+  done
+  timeout 120 $san --tool racecheck --error-exitcode 9 build/tests/test_cuda \
+    --gtest_filter='CudaTwin.Attention:CudaTwin.IndexerSelect:CudaTwin.IndexerFp4Simulation:CudaTwin.Hc*:CudaTwin.RmsNorm' \
+    >"$out/racecheck.log" 2>&1
+  echo "racecheck: exit $? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$out/racecheck.log" | tail -1)"
+fi
 exit $status

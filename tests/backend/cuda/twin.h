@@ -4,7 +4,8 @@
 // A case is a lambda that, given a Side (one backend plus its copies of the inputs), runs the op
 // and returns its named outputs read back to the host. Inputs are drawn from seeds derived from
 // their names, in role-fitting ranges and never zero; outputs are poisoned with NaN first, so an
-// element the GPU forgets to write cannot match. Every comparison prints one line with the
+// element the GPU forgets to write cannot match, and guard elements around each output catch
+// stray writes. Every comparison prints one line with the
 // number of differing elements and max|Δ|, which is where the report's numbers come from.
 #pragma once
 
@@ -151,10 +152,13 @@ class Side {
     raw_copy(p, host.data(), host.size() * sizeof(float), true);
     return p;
   }
-  float* out(size_t n) {  // poisoned: an element nobody writes stays NaN
-    float* p = alloc(n);
-    b_.fill(p, NAN, n);
-    return p;
+  // An output: poisoned (an element nobody writes stays NaN) and fenced by guard elements on both
+  // sides that must stay poisoned (stray_writes).
+  float* out(size_t n) {
+    float* base = alloc(n + 2 * kGuard);
+    b_.fill(base, NAN, n + 2 * kGuard);
+    float_outs_.emplace_back(base, n);
+    return base + kGuard;
   }
   int32_t* ids(const std::vector<int32_t>& host) {
     int32_t* p = b_.alloc_ids(std::max<size_t>(1, host.size()));
@@ -163,8 +167,20 @@ class Side {
     return p;
   }
   int32_t* ids_out(size_t n) {
-    std::vector<int32_t> poison(n, -777);
-    return ids(poison);
+    int32_t* base = ids(std::vector<int32_t>(n + 2 * kGuard, kIdPoison));
+    id_outs_.emplace_back(base, n);
+    return base + kGuard;
+  }
+  // Guard elements around the outputs that an op overwrote.
+  int64_t stray_writes() {
+    int64_t n_stray = 0;
+    for (auto [base, n] : float_outs_)
+      for (const float* g : {base, base + kGuard + n})
+        for (float v : read(g, kGuard)) n_stray += !std::isnan(v);
+    for (auto [base, n] : id_outs_)
+      for (const int32_t* g : {base, base + kGuard + n})
+        for (int32_t v : read_ids(g, kGuard)) n_stray += v != kIdPoison;
+    return n_stray;
   }
   std::vector<float> read(const float* p, size_t n) {
     std::vector<float> v(n);
@@ -193,10 +209,14 @@ class Side {
     ASSERT_EQ(cudaMemcpy(dst, src, bytes, to_backend ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost), cudaSuccess);
   }
 
+  static constexpr size_t kGuard = 32;
+  static constexpr int32_t kIdPoison = -777;
   Backend& b_;
   bool gpu_;
   std::vector<float*> floats_;
   std::vector<int32_t*> ids_;
+  std::vector<std::pair<float*, size_t>> float_outs_;
+  std::vector<std::pair<int32_t*, size_t>> id_outs_;
 };
 
 // What a case returns: named outputs, read back to the host.
@@ -219,15 +239,17 @@ inline void expect_twins(const std::string& what, Numerics numerics, const Case&
   auto cpu = make_cpu_backend(numerics);
   auto gpu = make_cuda_backend(numerics);
   Outputs ref, got;
+  const std::string label = what + " [" + to_string(numerics) + "]";
   {
     Side s(*cpu);
     ref = run(s);
+    EXPECT_EQ(s.stray_writes(), 0) << label << ": the CPU wrote outside an output";
   }
   {
     Side s(*gpu);
     got = run(s);
+    EXPECT_EQ(s.stray_writes(), 0) << label << ": the GPU wrote outside an output";
   }
-  const std::string label = what + " [" + to_string(numerics) + "]";
   ASSERT_EQ(ref.floats.size(), got.floats.size()) << label;
   for (size_t o = 0; o < ref.floats.size(); ++o) {
     const auto& [name, r] = ref.floats[o];
