@@ -3,7 +3,8 @@
 //
 // One .cu per op family, mirroring the CPU file names (gemm, norm, rope, quant, hc, attention,
 // compressor, indexer, moe, memory). All work runs in order on one stream owned by the backend;
-// only to_host (and the token-id check of embed) synchronise with the host.
+// the host waits only in to_host, ids_from_host (the caller may free its ids), the token-id check
+// of embed, and the first use of an expert table.
 //
 // Numerics follow the CPU's canonical arithmetic (cpu/quant.h): every sum accumulates in double
 // and is rounded once, exp/sqrt/rsqrt/sin/cos/sigmoid/silu/softplus are evaluated in double, and

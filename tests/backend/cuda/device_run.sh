@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the CUDA twin tests and runs them, on a GPU machine reached through the device tool
-# (the H200 image has CMake, ninja and nvcc but none of the project's -dev packages).
+# (the H200 image has CMake, ninja, nvcc and most of the project's -dev packages, but not all:
+# the carried ones below were needed there in 2026-11).
 #
 #   tests/backend/cuda/device_run.sh [DEBS_DIR] [CTEST_REGEX]
 #

@@ -28,6 +28,10 @@ std::string engine_case_name(const testing::TestParamInfo<EngineCase>& info) {
          (info.param.prompt >= 1000 ? "_long" : "");
 }
 
+void PrintTo(const EngineCase& c, std::ostream* os) {
+  *os << c.model << ", " << c.prompt << " tokens, " << to_string(c.numerics);
+}
+
 class CudaEngine : public testing::TestWithParam<EngineCase> {};
 
 // Bitwise equal elements between two logit arrays.
