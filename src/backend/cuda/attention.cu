@@ -1,0 +1,166 @@
+// Sparse attention with sinks over the sliding window plus compressed rows, and the
+// sliding-window ring that feeds it (twin of cpu/attention.cpp; architecture.md §3.3, §3.4,
+// §4.1).
+//
+// Softmax is exact two-pass per (query, head), as on the CPU: logits, their max, then the
+// weighted sum. The sink joins the denominator but not the max; in deepseek numerics the
+// probabilities are rounded to bf16 before P·V while the denominator sums the unrounded
+// exponentials (§3.3).
+//
+// Parallelisation: one block of 256 threads per (query, head). The query and the logits of every
+// row it attends live in shared memory (so the row count is bounded by shared memory: ~50K rows
+// on Hopper). Phase 1 lists the compressed rows (a warp compacts the indexer's selection with
+// ballots, keeping its order); phase 2 has one warp per row for the dot product (double, shuffle
+// reduction); phase 3 the max and exponentials block-wide; phase 4 one thread per output dim
+// sums P·V over the rows in the CPU's order (window oldest first, then compressed rows).
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/device_math.cuh"
+
+namespace dsv4::cuda {
+
+namespace {
+
+constexpr int kAttnThreads = 256;
+
+__global__ void swa_gather_kernel(const float* ring, int64_t window, int64_t width, int64_t pos_begin, float* dst) {
+  const int64_t p = pos_begin + blockIdx.x;
+  const float* src = ring + (p % window) * width;
+  for (int64_t c = threadIdx.x; c < width; c += blockDim.x) dst[blockIdx.x * width + c] = src[c];
+}
+
+// Row i of `rows` (i ≥ first) to ring slot (pos0 + i) mod window; only the last `window` rows are
+// written, so no two blocks share a slot.
+__global__ void swa_store_kernel(float* ring, int64_t window, int64_t width, const float* rows, int64_t pos0,
+                                 int64_t first) {
+  const int64_t i = first + blockIdx.x;
+  float* dst = ring + ((pos0 + i) % window) * width;
+  for (int64_t c = threadIdx.x; c < width; c += blockDim.x) dst[c] = rows[i * width + c];
+}
+
+struct AttnArgs {
+  const float* q;
+  int64_t H, hd, p0;
+  SwaRows swa;
+  CompressedRows comp;
+  const float* sinks;
+  float softmax_scale;
+  int64_t n_max;
+  bool bf16;
+  float* out;
+};
+
+__global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a) {
+  extern __shared__ float smem[];
+  __shared__ float fscratch[32];
+  __shared__ double dscratch[32];
+  __shared__ int64_t n_comp_s;
+  const int64_t t = blockIdx.x, h = blockIdx.y, hd = a.hd, pos = a.p0 + t;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
+  float* qs = smem;                                          // [hd]
+  float* p = qs + hd;                                        // [n_max] logits, then probabilities
+  int32_t* comp_rows = reinterpret_cast<int32_t*>(p + a.n_max);  // [k] selected compressed rows
+
+  // Phase 1: the rows this query attends: window rows [lo, pos], then compressed rows.
+  const int64_t lo = pos - a.swa.window + 1 > 0 ? pos - a.swa.window + 1 : 0;
+  const int64_t n_win = pos - lo + 1;
+  if (warp == 0) {
+    int64_t count = 0;
+    if (a.comp.idx) {
+      for (int64_t base = 0; base < a.comp.k; base += 32) {
+        const int32_t w = base + lane < a.comp.k ? a.comp.idx[t * a.comp.k + base + lane] : -1;
+        const bool valid = w >= 0 && w < a.comp.n;
+        const unsigned ballot = __ballot_sync(kFullMask, valid);
+        if (valid) comp_rows[count + __popc(ballot & ((1u << lane) - 1))] = w;
+        count += __popc(ballot);
+      }
+    } else if (a.comp.ratio > 0) {
+      count = (pos + 1) / a.comp.ratio < a.comp.n ? (pos + 1) / a.comp.ratio : a.comp.n;
+    }
+    if (lane == 0) n_comp_s = count;
+  }
+  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = a.q[(t * a.H + h) * hd + d];
+  __syncthreads();
+  const int64_t n = n_win + n_comp_s;
+  auto row = [&](int64_t j) -> const float* {
+    if (j < n_win) return a.swa.kv + (lo + j - a.swa.first_pos) * hd;
+    const int64_t w = a.comp.idx ? comp_rows[j - n_win] : j - n_win;
+    return a.comp.kv + w * hd;
+  };
+
+  // Phase 2: logits, one warp per row.
+  for (int64_t j = warp; j < n; j += n_warps) {
+    const float* r = row(j);
+    double acc = 0.0;
+    for (int64_t d = lane; d < hd; d += 32) acc += double(qs[d]) * double(r[d]);
+    acc = warp_sum(acc);
+    if (lane == 0) p[j] = float(acc) * a.softmax_scale;
+  }
+  __syncthreads();
+
+  // Phase 3: the max (without the sink), exponentials, the denominator with the sink.
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) mx = fmaxf(mx, p[j]);
+  mx = block_max(mx, fscratch);
+  double den = 0.0;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+    const float e = exp_f(p[j] - mx);
+    den += e;
+    p[j] = round_if(a.bf16, e);
+  }
+  den = block_sum(den, dscratch) + exp_f(a.sinks[h] - mx);
+
+  // Phase 4: P·V, one thread per output dim, rows in order.
+  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
+    double acc = 0.0;
+    for (int64_t j = 0; j < n; ++j) acc += double(p[j]) * double(row(j)[d]);
+    a.out[(t * a.H + h) * hd + d] = round_if(a.bf16, float(acc) / float(den));
+  }
+}
+
+}  // namespace
+
+void CudaBackend::swa_gather(const float* ring, int64_t window, int64_t width, int64_t pos_begin, int64_t pos_end,
+                             float* dst) {
+  if (pos_end <= pos_begin) return;
+  swa_gather_kernel<<<unsigned(pos_end - pos_begin), 128, 0, stream_>>>(ring, window, width, pos_begin, dst);
+  DSV4_CUDA_LAUNCHED("swa_gather");
+}
+
+void CudaBackend::swa_store(float* ring, int64_t window, int64_t width, const float* rows, int64_t pos0, int64_t n) {
+  const int64_t first = std::max<int64_t>(0, n - window);
+  if (n <= first) return;
+  swa_store_kernel<<<unsigned(n - first), 128, 0, stream_>>>(ring, window, width, rows, pos0, first);
+  DSV4_CUDA_LAUNCHED("swa_store");
+}
+
+void CudaBackend::attention(const float* q, int64_t T, int64_t H, int64_t hd, int64_t p0, const SwaRows& swa,
+                            const CompressedRows& comp, const float* sinks, float softmax_scale, float* out) {
+  DSV4_CUDA_REQUIRE(swa.first_pos <= std::max<int64_t>(0, p0 - swa.window + 1) && swa.first_pos + swa.n >= p0 + T,
+                    "window rows [", swa.first_pos, ", ", swa.first_pos + swa.n, ") do not cover queries [", p0, ", ",
+                    p0 + T, ")");
+  if (T == 0 || H == 0) return;
+  // The most rows any query attends: the window, plus the selection or the visible compressed rows.
+  int64_t n_comp_max = 0;
+  if (comp.idx)
+    n_comp_max = comp.k;
+  else if (comp.ratio > 0)
+    n_comp_max = std::min(comp.n, (p0 + T) / comp.ratio);
+  const int64_t n_max = std::min(swa.window, p0 + T) + n_comp_max;
+  const size_t smem = size_t(hd + n_max) * sizeof(float) + (comp.idx ? size_t(comp.k) * sizeof(int32_t) : 0);
+  int device = 0, smem_limit = 0;
+  DSV4_CUDA_CHECK(cudaGetDevice(&device));
+  DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&smem_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  if (smem + 1024 > size_t(smem_limit))
+    fail_unsupported(cat("attention: ", n_max, " rows per query need ", smem, " bytes of shared memory (limit ",
+                         smem_limit, ")"));
+  DSV4_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const AttnArgs args{q, H, hd, p0, swa, comp, static_cast<const float*>(upload(sinks, size_t(H) * sizeof(float))),
+                      softmax_scale, n_max, deepseek(), out};
+  attention_kernel<<<dim3(unsigned(T), unsigned(H)), kAttnThreads, smem, stream_>>>(args);
+  DSV4_CUDA_LAUNCHED("attention");
+}
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,148 @@
+// The CUDA backend: every op of backend.h as straightforward GPU kernels that twin the CPU
+// reference (src/backend/cpu) bit for bit (issue 4, first step: correct before fast).
+//
+// One .cu per op family, mirroring the CPU file names (gemm, norm, rope, quant, hc, attention,
+// compressor, indexer, moe, memory). All work runs in order on one stream owned by the backend;
+// the host waits only in to_host, ids_from_host (the caller may free its ids), the token-id check
+// of embed, and the first use of an expert table.
+//
+// Numerics follow the CPU's canonical arithmetic (cpu/quant.h): every sum accumulates in double
+// and is rounded once, exp/sqrt/rsqrt/sin/cos/sigmoid/silu/softplus are evaluated in double, and
+// nothing is contracted into an FMA (--fmad=false). A parallel double reduction sums in another
+// order than the CPU, which changes the float result only on rare double-rounding ties.
+//
+// Weights are host memory owned by the model (backend.h); each array is uploaded on first use
+// and kept, keyed by its host address and size, until the backend is destroyed.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/check.h"
+
+namespace dsv4::cuda {
+
+// A weight matrix in device memory, as stored in the checkpoint (no up-cast copies). Passed to
+// kernels by value; `format` is model::WeightFormat as an int.
+struct LinearView {
+  int32_t format = 0;
+  int32_t scale_is_f32 = 0;
+  int64_t out = 0, in = 0;
+  const uint8_t* data = nullptr;
+  const uint8_t* scale = nullptr;
+  int64_t scale_cols = 0;
+};
+
+// One matrix product for the GEMM kernels: y[m] = x[m / x_div] · W_mᵀ over rows [row0, row0+rows)
+// for token rows m in [0, T). W_m is `W`, or table[view_of_row[m]] when a table is given (the
+// routed experts: one matrix per (token, slot) row; an out-of-range index yields 0).
+struct GemmRequest {
+  LinearView W;
+  const LinearView* table = nullptr;
+  const int32_t* view_of_row = nullptr;
+  int64_t n_views = 0;
+  const float* x = nullptr;
+  int64_t x_stride = 0, x_div = 1, T = 0;
+  float* y = nullptr;
+  int64_t y_stride = 0, row0 = 0, rows = 0;
+  Compute compute = Compute::f32;
+};
+
+// Stream-ordered scratch memory, freed (in stream order) when it goes out of scope.
+template <class T>
+class DeviceArray {
+ public:
+  DeviceArray(cudaStream_t stream, size_t n) : stream_(stream) {
+    if (n) DSV4_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&p_), n * sizeof(T), stream_));
+  }
+  ~DeviceArray() {
+    if (p_) cudaFreeAsync(p_, stream_);  // cannot fail for a pointer we allocated on this stream
+  }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  T* get() const { return p_; }
+
+ private:
+  cudaStream_t stream_;
+  T* p_ = nullptr;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(Numerics numerics);
+  ~CudaBackend() override;
+  std::string name() const override { return "cuda"; }
+
+  float* alloc(size_t n_floats) override;
+  void release(float* p) override;
+  void copy(float* dst, const float* src, size_t n_floats) override;
+  void fill(float* dst, float value, size_t n_floats) override;
+  void to_host(float* host_dst, const float* src, size_t n_floats) override;
+  void ids_from_host(int32_t* dst, const int32_t* host_src, size_t n) override;
+  int32_t* alloc_ids(size_t n) override;
+  void release_ids(int32_t* p) override;
+
+  void embed(const model::Linear& table, const int32_t* tokens, int64_t T, int64_t hc, float* X) override;
+  void linear(const model::Linear& W, Compute compute, const float* x, int64_t x_stride, int64_t T, float* y,
+              int64_t y_stride, int64_t row0, int64_t rows) override;
+  using Backend::linear;
+  void rms_norm(const float* x, const float* w, int64_t rows, int64_t n, double eps, float* y) override;
+  void head_norm(float* q, int64_t rows, int64_t n, double eps) override;
+  void scale(float* x, int64_t n, float s) override;
+  void add(const float* a, const float* b, int64_t n, float* y) override;
+  void rope(float* x, int64_t n_groups, int64_t group, int64_t row_stride, const RopeFreqs& freqs, int64_t pos0,
+            int64_t pos_step, bool inverse) override;
+  void kv_fp8_sim(float* x, int64_t rows, int64_t row_stride, int64_t n_dims) override;
+  void indexer_fp4_sim(float* x, int64_t rows, int64_t n) override;
+
+  void hc_pre(const model::HcParams& p, const float* X, int64_t T, int64_t hc, int64_t D, int64_t sinkhorn_iters,
+              double hc_eps, double norm_eps, float* u, float* post, float* comb) override;
+  void hc_post(const float* a, const float* X, const float* post, const float* comb, int64_t T, int64_t hc,
+               int64_t D, float* X_out) override;
+  void hc_head(const model::HcParams& p, const float* X, int64_t T, int64_t hc, int64_t D, double hc_eps,
+               double norm_eps, float* y) override;
+
+  void swa_gather(const float* ring, int64_t window, int64_t width, int64_t pos_begin, int64_t pos_end,
+                  float* dst) override;
+  void swa_store(float* ring, int64_t window, int64_t width, const float* rows, int64_t pos0, int64_t n) override;
+  int64_t compressor_push(const model::CompressorWeights& cw, CompressorCarry carry, const float* a, const float* s,
+                          int64_t p0, int64_t T, float* pooled) override;
+  void compressor_reset(const model::CompressorWeights& cw, CompressorCarry carry) override;
+  void indexer_select(const float* q, const float* wts, int64_t T, int64_t heads, int64_t dim, const float* keys,
+                      int64_t n_keys, int64_t ratio, int64_t p0, int64_t k, int32_t* idx) override;
+  void attention(const float* q, int64_t T, int64_t H, int64_t hd, int64_t p0, const SwaRows& swa,
+                 const CompressedRows& comp, const float* sinks, float softmax_scale, float* out) override;
+
+  void route(const model::MoeWeights& m, const float* x, const int32_t* tokens, int64_t T, int64_t D, int64_t k,
+             double routed_scale, int32_t* sel, float* weights) override;
+  void moe(const model::MoeWeights& m, const float* x, const int32_t* sel, const float* weights, int64_t T,
+           int64_t D, int64_t k, double limit, float* out) override;
+
+ private:
+  bool deepseek() const { return numerics() == Numerics::deepseek; }
+
+  // ---- weights on the device (memory.cu) ----
+  // The device copy of `bytes` bytes of host memory at `host`, uploaded on first use.
+  const void* upload(const void* host, size_t bytes);
+  const float* device_floats(const std::vector<float>& v);
+  const int32_t* device_ints(const std::vector<int32_t>& v);
+  LinearView device_linear(const model::Linear& W);
+  // A device array of views, one per routed expert, of w1, w3 or w2 (`which` = 1, 3, 2).
+  const LinearView* device_expert_table(const model::MoeWeights& m, int which);
+
+  // ---- shared GEMM entry (gemm.cu), used by linear, hc and moe ----
+  void gemm(const GemmRequest& r);
+  // The clamped SwiGLU FFN (moe.cu) over T rows: out = w2(h), h = silu(min(g, L))·clamp(u, ±L)·w
+  // with g, u from w1, w3 (§3.6). up/gate carry x and the weights; down.y receives the output.
+  void expert_ffn(GemmRequest gate, GemmRequest up, GemmRequest down, const float* row_weights, double limit);
+
+  cudaStream_t stream_ = nullptr;
+  std::unordered_map<const void*, std::pair<void*, size_t>> uploads_;  // host address → (device copy, bytes)
+  std::unordered_map<const void*, LinearView*> expert_tables_;         // &experts[0].w? → device views
+};
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,74 @@
+// Device twins of the CPU reference's canonical arithmetic (cpu/quant.h) and the reductions the
+// kernels share. Included by .cu files only.
+//
+// Every transcendental is evaluated in double and rounded once to float, as on the CPU. Sums are
+// double; a reduction spread over threads adds in a different order than the CPU's loop, which
+// can change the float result only when the double sums straddle a float rounding tie.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/formats.h"
+
+namespace dsv4::cuda {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+
+__device__ inline float exp_f(float x) { return float(exp(double(x))); }
+__device__ inline float sqrt_f(float x) { return float(sqrt(double(x))); }
+__device__ inline float rsqrt_f(float x) { return float(1.0 / sqrt(double(x))); }
+__device__ inline float sigmoid_f(float x) { return float(1.0 / (1.0 + exp(-double(x)))); }
+__device__ inline float silu_f(float x) { return float(double(x) / (1.0 + exp(-double(x)))); }
+__device__ inline float sin_f(float x) { return float(sin(double(x))); }
+__device__ inline float cos_f(float x) { return float(cos(double(x))); }
+__device__ inline float softplus_f(float x) { return x > 20.0f ? x : float(log1p(exp(double(x)))); }
+
+// Rounds to bf16 where the reference does (deepseek numerics); identity in plain.
+__device__ inline float round_if(bool bf16, float x) { return bf16 ? round_bf16(x) : x; }
+
+// ---- warp and block reductions (every lane / thread gets the result) -------------------------
+
+__device__ inline double warp_sum(double v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
+  return v;
+}
+
+__device__ inline float warp_max(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, offset));
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024). `scratch` holds 32 doubles in
+// shared memory; the call ends with a barrier, so it may be reused right away.
+__device__ inline double block_sum(double v, double* scratch) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
+  v = warp_sum(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  double total = 0.0;
+  for (int w = 0; w < n_warps; ++w) total += scratch[w];  // same order in every thread
+  __syncthreads();
+  return total;
+}
+
+// Maximum over the block (fmax is order-independent: exact whatever the order).
+__device__ inline float block_max(float v, float* scratch) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
+  v = warp_max(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float total = scratch[0];
+  for (int w = 1; w < n_warps; ++w) total = fmaxf(total, scratch[w]);
+  __syncthreads();
+  return total;
+}
+
+// Blocks of a 1-D grid-stride launch over n elements.
+inline unsigned grid_for(int64_t n, int threads) {
+  const int64_t blocks = (n + threads - 1) / threads;
+  return unsigned(blocks < 65536 * 16 ? (blocks > 0 ? blocks : 1) : 65536 * 16);
+}
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,165 @@
+// Manifold-constrained hyper-connections: mHC pre with Sinkhorn, mHC post, and the HC head (twin
+// of cpu/hc.cpp; architecture.md §3.2.1–§3.2.3). All fp32; only the collapsed input u, the head
+// output y and the new HC state are rounded (to bf16 in deepseek numerics).
+//
+// Parallelisation: the mix projection x·fnᵀ is the shared GEMM (fp32 path). Then one block per
+// token: the stream RMS is a block-wide double reduction, thread 0 does the tiny hc×hc work
+// (gates, Sinkhorn) serially in shared memory, and all threads write u over D. hc_post is one
+// thread per output element.
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/device_math.cuh"
+
+namespace dsv4::cuda {
+
+namespace {
+
+constexpr int kTokenThreads = 256;
+constexpr int kMaxHc = 16;  // hc_mult is 4 in every V4 config; the per-token arrays are sized by this
+
+// rsqrt(mean(x²) + eps) over the flattened hc·D state of one token (a block-wide reduction).
+__device__ float stream_rms_inverse(const float* x, int64_t n, float eps, double* scratch) {
+  double sum = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += double(x[i]) * double(x[i]);
+  sum = block_sum(sum, scratch);
+  return rsqrt_f(float(sum / double(n)) + eps);
+}
+
+// Sinkhorn projection of the hc×hc comb logits (in place, one thread): row softmax + eps, a
+// column normalisation, then (iters − 1) row/column normalisation pairs.
+__device__ void sinkhorn(float* M, int hc, int64_t iters, float eps) {
+  for (int j = 0; j < hc; ++j) {
+    float* row = M + j * hc;
+    float mx = row[0];
+    for (int k = 1; k < hc; ++k) mx = fmaxf(mx, row[k]);
+    double sum = 0.0;
+    for (int k = 0; k < hc; ++k) sum += (row[k] = exp_f(row[k] - mx));
+    for (int k = 0; k < hc; ++k) row[k] = row[k] / float(sum) + eps;
+  }
+  auto normalise_columns = [&] {
+    for (int k = 0; k < hc; ++k) {
+      double sum = 0.0;
+      for (int j = 0; j < hc; ++j) sum += M[j * hc + k];
+      for (int j = 0; j < hc; ++j) M[j * hc + k] /= float(sum) + eps;
+    }
+  };
+  normalise_columns();
+  for (int64_t it = 1; it < iters; ++it) {
+    for (int j = 0; j < hc; ++j) {
+      double sum = 0.0;
+      for (int k = 0; k < hc; ++k) sum += M[j * hc + k];
+      for (int k = 0; k < hc; ++k) M[j * hc + k] /= float(sum) + eps;
+    }
+    normalise_columns();
+  }
+}
+
+// u[t] = Σ_h pre_h · X[t, h] over D (sequential over h, in double, rounded once).
+__device__ void collapse(const float* x, const float* pre, int hc, int64_t D, bool bf16, float* u) {
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    double acc = 0.0;
+    for (int h = 0; h < hc; ++h) acc += double(pre[h]) * double(x[h * D + d]);
+    u[d] = round_if(bf16, float(acc));
+  }
+}
+
+struct HcArgs {
+  const float* base;
+  float scale0, scale1, scale2;
+  int hc;
+  int64_t D, mix_n, sinkhorn_iters;
+  float hc_eps, norm_eps;
+  bool bf16;
+};
+
+__global__ void hc_pre_kernel(HcArgs a, const float* X, const float* mix, float* u, float* post, float* comb) {
+  __shared__ double scratch[32];
+  __shared__ float pre[kMaxHc];
+  const int64_t t = blockIdx.x;
+  const int hc = a.hc;
+  const float* x = X + t * hc * a.D;
+  const float rs = stream_rms_inverse(x, hc * a.D, a.norm_eps, scratch);
+  if (threadIdx.x == 0) {
+    float m[(2 + kMaxHc) * kMaxHc];
+    for (int64_t i = 0; i < a.mix_n; ++i) m[i] = mix[t * a.mix_n + i] * rs;
+    for (int h = 0; h < hc; ++h) {
+      pre[h] = sigmoid_f(m[h] * a.scale0 + a.base[h]) + a.hc_eps;
+      post[t * hc + h] = 2.0f * sigmoid_f(m[hc + h] * a.scale1 + a.base[hc + h]);
+    }
+    float* M = comb + t * hc * hc;
+    float Ms[kMaxHc * kMaxHc];
+    for (int i = 0; i < hc * hc; ++i) Ms[i] = m[2 * hc + i] * a.scale2 + a.base[2 * hc + i];
+    sinkhorn(Ms, hc, a.sinkhorn_iters, a.hc_eps);
+    for (int i = 0; i < hc * hc; ++i) M[i] = Ms[i];
+  }
+  __syncthreads();
+  collapse(x, pre, hc, a.D, a.bf16, u + t * a.D);
+}
+
+__global__ void hc_head_kernel(HcArgs a, const float* X, const float* mix, float* y) {
+  __shared__ double scratch[32];
+  __shared__ float pre[kMaxHc];
+  const int64_t t = blockIdx.x;
+  const int hc = a.hc;
+  const float* x = X + t * hc * a.D;
+  const float rs = stream_rms_inverse(x, hc * a.D, a.norm_eps, scratch);
+  if (threadIdx.x < hc) {
+    const int h = threadIdx.x;
+    pre[h] = sigmoid_f(mix[t * hc + h] * rs * a.scale0 + a.base[h]) + a.hc_eps;
+  }
+  __syncthreads();
+  collapse(x, pre, hc, a.D, a.bf16, y + t * a.D);
+}
+
+// X'[t, k, d] = post_k · a[t, d] + Σ_j comb[j, k] · X[t, j, d]: one thread per (t, k, d).
+__global__ void hc_post_kernel(const float* a, const float* X, const float* post, const float* comb, int64_t T,
+                               int64_t hc, int64_t D, bool bf16, float* X_out) {
+  const int64_t n = T * hc * D;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t d = e % D, k = (e / D) % hc, t = e / (D * hc);
+    const float* x = X + t * hc * D;
+    const float* M = comb + t * hc * hc;
+    double acc = double(post[t * hc + k]) * double(a[t * D + d]);
+    for (int64_t j = 0; j < hc; ++j) acc += double(M[j * hc + k]) * double(x[j * D + d]);
+    X_out[e] = round_if(bf16, float(acc));
+  }
+}
+
+}  // namespace
+
+void CudaBackend::hc_pre(const model::HcParams& p, const float* X, int64_t T, int64_t hc, int64_t D,
+                         int64_t sinkhorn_iters, double hc_eps, double norm_eps, float* u, float* post, float* comb) {
+  if (T == 0) return;
+  const int64_t mix_n = p.fn.out;  // (2 + hc)·hc
+  DSV4_CUDA_REQUIRE(hc <= kMaxHc && mix_n == (2 + hc) * hc && p.scale.size() >= 3 &&
+                        int64_t(p.base.size()) >= mix_n,
+                    "hc_pre: hc ", hc, ", fn rows ", mix_n, ", base ", p.base.size(), ", scale ", p.scale.size());
+  DeviceArray<float> mix(stream_, size_t(T * mix_n));
+  linear(p.fn, Compute::f32, X, T, mix.get());  // x·fnᵀ first, then the rms scale (§3.2.1)
+  const HcArgs a{device_floats(p.base), p.scale[0], p.scale[1], p.scale[2], int(hc), D, mix_n, sinkhorn_iters,
+                 float(hc_eps), float(norm_eps), deepseek()};
+  hc_pre_kernel<<<unsigned(T), kTokenThreads, 0, stream_>>>(a, X, mix.get(), u, post, comb);
+  DSV4_CUDA_LAUNCHED("hc_pre");
+}
+
+void CudaBackend::hc_post(const float* a, const float* X, const float* post, const float* comb, int64_t T,
+                          int64_t hc, int64_t D, float* X_out) {
+  const int64_t n = T * hc * D;
+  if (n == 0) return;
+  hc_post_kernel<<<grid_for(n, 256), 256, 0, stream_>>>(a, X, post, comb, T, hc, D, deepseek(), X_out);
+  DSV4_CUDA_LAUNCHED("hc_post");
+}
+
+void CudaBackend::hc_head(const model::HcParams& p, const float* X, int64_t T, int64_t hc, int64_t D, double hc_eps,
+                          double norm_eps, float* y) {
+  if (T == 0) return;
+  DSV4_CUDA_REQUIRE(hc <= kMaxHc && p.fn.out == hc && !p.scale.empty() && int64_t(p.base.size()) >= hc,
+                    "hc_head: hc ", hc, ", fn rows ", p.fn.out);
+  DeviceArray<float> mix(stream_, size_t(T * hc));
+  linear(p.fn, Compute::f32, X, T, mix.get());
+  const HcArgs a{device_floats(p.base), p.scale[0], 0.0f, 0.0f, int(hc), D, hc, 0, float(hc_eps), float(norm_eps),
+                 deepseek()};
+  hc_head_kernel<<<unsigned(T), kTokenThreads, 0, stream_>>>(a, X, mix.get(), y);
+  DSV4_CUDA_LAUNCHED("hc_head");
+}
+
+}  // namespace dsv4::cuda

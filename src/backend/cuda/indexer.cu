@@ -1,0 +1,164 @@
+// Lightning Indexer scoring and top-k (twin of cpu/indexer.cpp; architecture.md §3.5).
+//
+// score_w = Σ_h relu(q_h · K_w) · wts_h over the rows visible to the query (w < ⌊(t+1)/ratio⌋);
+// in deepseek numerics the per-head dot, each weighted term and the sum are rounded to bf16, so
+// ties are common; they go to the lower row, as on the CPU.
+//
+// Parallelisation:
+//   scores: grid (query, key blocks), one warp per (query, key); the heads are summed in order,
+//     each head's dot a double shuffle reduction.
+//   top-k: one block per query. Each candidate becomes a unique 64-bit key (order-preserving
+//     score bits above the inverted row index), so "higher score, then lower row" is plain key
+//     order. A radix select (eight 8-bit digit passes, histograms in shared memory) finds the
+//     k-th largest key; the k keys at or above it are gathered and bitonic-sorted in shared memory.
+//   Queries are processed in chunks so the score scratch stays bounded at long contexts.
+#include <algorithm>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/device_math.cuh"
+
+namespace dsv4::cuda {
+
+namespace {
+
+constexpr int kScoreWarps = 8;
+constexpr int kSelectThreads = 1024;
+constexpr int64_t kMaxTopK = 4096;             // bitonic buffer (32 KiB of keys)
+constexpr int64_t kScoreScratch = int64_t(1) << 26;  // floats of scores per chunk (256 MiB)
+
+__global__ void indexer_scores_kernel(const float* q, const float* wts, int64_t heads, int64_t dim,
+                                      const float* keys, int64_t n_keys, int64_t ratio, int64_t p0, bool bf16,
+                                      float* score) {
+  const int64_t t = blockIdx.x;
+  const int64_t w = int64_t(blockIdx.y) * kScoreWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t visible = (p0 + t + 1) / ratio < n_keys ? (p0 + t + 1) / ratio : n_keys;
+  if (w >= visible) return;
+  const float* key = keys + w * dim;
+  double acc = 0.0;
+  for (int64_t h = 0; h < heads; ++h) {
+    const float* qh = q + (t * heads + h) * dim;
+    double dot = 0.0;
+    for (int64_t i = lane; i < dim; i += 32) dot += double(qh[i]) * double(key[i]);
+    const float d = round_if(bf16, float(warp_sum(dot)));
+    acc += double(round_if(bf16, fmaxf(d, 0.0f) * wts[t * heads + h]));
+  }
+  if (lane == 0) score[t * n_keys + w] = round_if(bf16, float(acc));
+}
+
+// Larger key = higher score, then lower row. −0 is folded into +0: they compare equal on the CPU.
+__device__ inline uint64_t select_key(float score, int64_t w) {
+  if (score == 0.0f) score = 0.0f;
+  const uint32_t b = f32_bits(score);
+  const uint32_t ordered = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+  return (uint64_t(ordered) << 32) | uint64_t(0xffffffffu - uint32_t(w));
+}
+
+__global__ void __launch_bounds__(kSelectThreads)
+    indexer_topk_kernel(const float* score, int64_t n_keys, int64_t ratio, int64_t p0, int64_t k, int32_t* idx) {
+  __shared__ uint32_t hist[256];
+  __shared__ uint64_t prefix_s;
+  __shared__ int64_t remaining_s;
+  __shared__ uint64_t sel[kMaxTopK];
+  __shared__ int n_sel_s;
+  const int64_t t = blockIdx.x;
+  const int64_t visible = (p0 + t + 1) / ratio < n_keys ? (p0 + t + 1) / ratio : n_keys;
+  const int64_t n_sel = visible < k ? visible : k;
+  const float* st = score + t * n_keys;
+
+  // The k-th largest key, one 8-bit digit at a time from the top (skipped when all are taken).
+  uint64_t threshold = 0;
+  if (visible > k) {
+    uint64_t prefix = 0, mask = 0;
+    int64_t remaining = k;
+    for (int shift = 56; shift >= 0; shift -= 8) {
+      for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
+      __syncthreads();
+      for (int64_t w = threadIdx.x; w < visible; w += blockDim.x) {
+        const uint64_t key = select_key(st[w], w);
+        if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 0xff], 1u);
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        int64_t above = 0;
+        int digit = 255;
+        for (; digit > 0; --digit) {
+          if (above + hist[digit] >= remaining) break;
+          above += hist[digit];
+        }
+        prefix_s = prefix | (uint64_t(digit) << shift);
+        remaining_s = remaining - above;
+      }
+      __syncthreads();
+      prefix = prefix_s;
+      remaining = remaining_s;
+      mask |= uint64_t(0xff) << shift;
+    }
+    threshold = prefix;
+  }
+
+  // Gather the selected keys (exactly n_sel: keys are unique), pad to a power of two, sort.
+  if (threadIdx.x == 0) n_sel_s = 0;
+  __syncthreads();
+  for (int64_t w = threadIdx.x; w < visible; w += blockDim.x) {
+    const uint64_t key = select_key(st[w], w);
+    if (key >= threshold) sel[atomicAdd(&n_sel_s, 1)] = key;
+  }
+  int64_t size = 1;
+  while (size < n_sel) size *= 2;
+  __syncthreads();
+  for (int64_t i = n_sel + threadIdx.x; i < size; i += blockDim.x) sel[i] = 0;  // below every real key
+  __syncthreads();
+  for (int64_t len = 2; len <= size; len *= 2)  // bitonic sort, descending
+    for (int64_t stride = len / 2; stride > 0; stride /= 2) {
+      for (int64_t i = threadIdx.x; i < size; i += blockDim.x) {
+        const int64_t j = i ^ stride;
+        if (j > i) {
+          const bool descending = (i & len) == 0;
+          const uint64_t x = sel[i], y = sel[j];
+          if (descending ? x < y : x > y) sel[i] = y, sel[j] = x;
+        }
+      }
+      __syncthreads();
+    }
+  for (int64_t i = threadIdx.x; i < k; i += blockDim.x)
+    idx[t * k + i] = i < n_sel ? int32_t(0xffffffffu - uint32_t(sel[i] & 0xffffffffu)) : -1;
+}
+
+__global__ void fill_ids_kernel(int32_t* idx, int64_t n, int32_t value) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    idx[i] = value;
+}
+
+}  // namespace
+
+void CudaBackend::indexer_select(const float* q, const float* wts, int64_t T, int64_t heads, int64_t dim,
+                                 const float* keys, int64_t n_keys, int64_t ratio, int64_t p0, int64_t k,
+                                 int32_t* idx) {
+  if (T == 0 || k == 0) return;
+  DSV4_CUDA_REQUIRE(ratio > 0 && k <= kMaxTopK && n_keys < (int64_t(1) << 31), "indexer_select: ratio ", ratio,
+                    ", k ", k, " (at most ", kMaxTopK, "), ", n_keys, " keys");
+  if (n_keys == 0 || !keys) {
+    fill_ids_kernel<<<grid_for(T * k, 256), 256, 0, stream_>>>(idx, T * k, -1);
+    DSV4_CUDA_LAUNCHED("indexer_select (no keys)");
+    return;
+  }
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(T, kScoreScratch / n_keys));
+  DeviceArray<float> score(stream_, size_t(chunk * n_keys));
+  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+    const int64_t n = std::min(chunk, T - t0);
+    const int64_t visible_max = std::min(n_keys, (p0 + t0 + n) / ratio);
+    if (visible_max > 0) {
+      const dim3 grid(unsigned(n), unsigned((visible_max + kScoreWarps - 1) / kScoreWarps));
+      indexer_scores_kernel<<<grid, kScoreWarps * 32, 0, stream_>>>(q + t0 * heads * dim, wts + t0 * heads, heads,
+                                                                    dim, keys, n_keys, ratio, p0 + t0, deepseek(),
+                                                                    score.get());
+      DSV4_CUDA_LAUNCHED("indexer_select (scores)");
+    }
+    indexer_topk_kernel<<<unsigned(n), kSelectThreads, 0, stream_>>>(score.get(), n_keys, ratio, p0 + t0, k,
+                                                                      idx + t0 * k);
+    DSV4_CUDA_LAUNCHED("indexer_select (top-k)");
+  }
+}
+
+}  // namespace dsv4::cuda

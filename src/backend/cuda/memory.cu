@@ -1,0 +1,162 @@
+// Device memory of the CUDA backend (twin of cpu/memory.cpp): activation, state and id buffers
+// from the stream-ordered allocator, host↔device copies, and the upload-once cache of weights.
+//
+// Buffers come from cudaMallocAsync on the backend's stream: the engine allocates a few buffers
+// per op, and the pool makes that cheap and keeps frees ordered after the kernels that use them.
+#include <cmath>
+
+#include "backend/cuda/cuda.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/device_math.cuh"
+
+namespace dsv4::cuda {
+
+namespace {
+
+// fill: one thread per element, grid-stride.
+__global__ void fill_kernel(float* dst, float value, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = value;
+}
+
+}  // namespace
+
+CudaBackend::CudaBackend(Numerics numerics) : Backend(numerics) {
+  if (cuda_device_count() == 0) fail_unsupported("no CUDA device is available");
+  DSV4_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+}
+
+CudaBackend::~CudaBackend() {
+  // Nothing here may throw: errors at teardown are dropped.
+  cudaStreamSynchronize(stream_);
+  for (auto& [host, dev] : uploads_) cudaFree(dev.first);
+  for (auto& [key, table] : expert_tables_) cudaFree(table);
+  cudaStreamDestroy(stream_);
+}
+
+float* CudaBackend::alloc(size_t n) {
+  void* p = nullptr;
+  DSV4_CUDA_CHECK(cudaMallocAsync(&p, n * sizeof(float), stream_));
+  return static_cast<float*>(p);
+}
+
+// release runs in destructors (Buffer), so it must not throw: a failure here is left as the
+// runtime's last error, which the next checked launch reports.
+void CudaBackend::release(float* p) { (void)cudaFreeAsync(p, stream_); }
+
+int32_t* CudaBackend::alloc_ids(size_t n) {
+  void* p = nullptr;
+  DSV4_CUDA_CHECK(cudaMallocAsync(&p, n * sizeof(int32_t), stream_));
+  return static_cast<int32_t*>(p);
+}
+
+void CudaBackend::release_ids(int32_t* p) { (void)cudaFreeAsync(p, stream_); }
+
+// The CPU copy is a memmove; device-to-device cudaMemcpy has no overlap guarantee, so an
+// overlapping copy goes through a scratch buffer.
+void CudaBackend::copy(float* dst, const float* src, size_t n) {
+  if (n == 0 || dst == src) return;
+  const bool overlap = dst < src + n && src < dst + n;
+  if (!overlap) {
+    DSV4_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+    return;
+  }
+  DeviceArray<float> tmp(stream_, n);
+  DSV4_CUDA_CHECK(cudaMemcpyAsync(tmp.get(), src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+  DSV4_CUDA_CHECK(cudaMemcpyAsync(dst, tmp.get(), n * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+}
+
+void CudaBackend::fill(float* dst, float value, size_t n) {
+  if (n == 0) return;
+  fill_kernel<<<grid_for(int64_t(n), 256), 256, 0, stream_>>>(dst, value, int64_t(n));
+  DSV4_CUDA_LAUNCHED("fill");
+}
+
+void CudaBackend::to_host(float* host_dst, const float* src, size_t n) {
+  if (n == 0) return;
+  DSV4_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+// Synchronous: the caller may free host_src as soon as this returns.
+void CudaBackend::ids_from_host(int32_t* dst, const int32_t* host_src, size_t n) {
+  if (n == 0) return;
+  DSV4_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+// ---- weights ------------------------------------------------------------------------------------
+
+// Keyed by host address and size: the model's arrays live as long as the model, which outlives
+// the backend's use of them (backend.h). A different size at a known address (a freed and
+// reused host block) uploads afresh.
+const void* CudaBackend::upload(const void* host, size_t bytes) {
+  if (!host || bytes == 0) return nullptr;
+  auto it = uploads_.find(host);
+  if (it != uploads_.end()) {
+    if (it->second.second == bytes) return it->second.first;
+    DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));  // queued kernels may still read the old copy
+    DSV4_CUDA_CHECK(cudaFree(it->second.first));
+    uploads_.erase(it);
+  }
+  void* dev = nullptr;
+  DSV4_CUDA_CHECK(cudaMalloc(&dev, bytes));
+  uploads_[host] = {dev, bytes};
+  // Pageable source: the runtime stages it before returning, so the copy is complete or safe.
+  DSV4_CUDA_CHECK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream_));
+  return dev;
+}
+
+const float* CudaBackend::device_floats(const std::vector<float>& v) {
+  return static_cast<const float*>(upload(v.data(), v.size() * sizeof(float)));
+}
+
+const int32_t* CudaBackend::device_ints(const std::vector<int32_t>& v) {
+  return static_cast<const int32_t*>(upload(v.data(), v.size() * sizeof(int32_t)));
+}
+
+LinearView CudaBackend::device_linear(const model::Linear& W) {
+  LinearView v;
+  v.format = int32_t(W.format);
+  v.scale_is_f32 = W.scale_is_f32 ? 1 : 0;
+  v.out = W.out;
+  v.in = W.in;
+  v.scale_cols = W.scale_cols;
+  size_t data_bytes = 0;
+  switch (W.format) {
+    case model::WeightFormat::fp8: data_bytes = size_t(W.out * W.in); break;
+    case model::WeightFormat::fp4: data_bytes = size_t(W.out * W.in / 2); break;
+    case model::WeightFormat::bf16: data_bytes = size_t(W.out * W.in) * 2; break;
+    case model::WeightFormat::f32: data_bytes = size_t(W.out * W.in) * 4; break;
+  }
+  v.data = static_cast<const uint8_t*>(upload(W.data, data_bytes));
+  if (W.scale) {
+    const int64_t scale_rows = W.format == model::WeightFormat::fp8 ? (W.out + 127) / 128 : W.out;
+    v.scale = static_cast<const uint8_t*>(upload(W.scale, size_t(scale_rows * W.scale_cols) * (W.scale_is_f32 ? 4 : 1)));
+  }
+  return v;
+}
+
+const LinearView* CudaBackend::device_expert_table(const model::MoeWeights& m, int which) {
+  DSV4_CUDA_REQUIRE(!m.experts.empty(), "moe: no routed experts");
+  auto pick = [which](const model::ExpertWeights& e) -> const model::Linear& {
+    return which == 1 ? e.w1 : which == 3 ? e.w3 : e.w2;
+  };
+  const void* key = &pick(m.experts[0]);
+  auto it = expert_tables_.find(key);
+  if (it != expert_tables_.end()) return it->second;
+  std::vector<LinearView> views;
+  for (const model::ExpertWeights& e : m.experts) views.push_back(device_linear(pick(e)));
+  LinearView* dev = nullptr;
+  DSV4_CUDA_CHECK(cudaMalloc(&dev, views.size() * sizeof(LinearView)));
+  expert_tables_[key] = dev;
+  DSV4_CUDA_CHECK(cudaMemcpyAsync(dev, views.data(), views.size() * sizeof(LinearView), cudaMemcpyHostToDevice, stream_));
+  DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));  // `views` is about to go away
+  return dev;
+}
+
+}  // namespace dsv4::cuda
+
+namespace dsv4 {
+std::unique_ptr<Backend> make_cuda_backend(Numerics numerics) { return std::make_unique<cuda::CudaBackend>(numerics); }
+}  // namespace dsv4

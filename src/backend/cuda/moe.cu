@@ -1,0 +1,175 @@
+// Mixture of experts: routing and the expert FFNs (twin of cpu/moe.cpp; architecture.md §3.6).
+//
+// Routing is fp32: s_e = sqrt(softplus(x·gateᵀ)); hash layers take tid2eid[token] (token ids read
+// on the device), the others the top-k of s + bias (ties to the lower id). Weights are
+// s_sel / Σ s_sel · routed_scale.
+// Experts: g = min(x·w1ᵀ, L), u = clamp(x·w3ᵀ, ±L), h = round(silu(g)·u·w) (the routing weight is
+// applied before w2), y = h·w2ᵀ. A token's output sums its experts in ascending id order, then
+// the shared expert, in double, rounded once.
+//
+// Parallelisation: no host round trip for the routing. The routed experts run as one GEMM per
+// projection over all (token, slot) rows, each row reading the matrix of its selected expert
+// (GemmRequest.table), so decode reads only the selected experts' weights. Each row's arithmetic
+// is the CPU's for that token alone (the CPU batches an expert's tokens, which changes nothing
+// per row). route: one block per token, the top-k by thread 0 (k passes over E scores).
+#include <algorithm>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/device_math.cuh"
+
+namespace dsv4::cuda {
+
+namespace {
+
+constexpr int kRouteThreads = 128;
+constexpr int kMaxExpertsPerToken = 32;
+// Tokens per pass through the experts: bounds the [tokens, k, F] intermediates.
+constexpr int64_t kMoeTokenChunk = 1024;
+
+__global__ void route_kernel(const float* logits, int64_t E, const float* bias, const int32_t* tid2eid,
+                             int64_t n_vocab, const int32_t* tokens, int64_t k, float routed_scale, int32_t* sel,
+                             float* weights) {
+  extern __shared__ float score[];  // [E]
+  const int64_t t = blockIdx.x;
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) score[e] = sqrt_f(softplus_f(logits[t * E + e]));
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  int32_t* st = sel + t * k;
+  if (tid2eid) {
+    const int64_t token = tokens[t];
+    for (int64_t i = 0; i < k; ++i)
+      st[i] = token >= 0 && token < n_vocab ? tid2eid[token * k + i] : -1;  // ids are checked by embed
+  } else {
+    // k passes: the best not yet taken, by score + bias, ties to the lower id.
+    for (int64_t i = 0; i < k; ++i) {
+      int32_t best = -1;
+      float best_v = 0.0f;
+      for (int64_t e = 0; e < E; ++e) {
+        bool taken = false;
+        for (int64_t j = 0; j < i; ++j) taken = taken || st[j] == e;
+        if (taken) continue;
+        const float v = score[e] + bias[e];
+        if (best < 0 || v > best_v) best = int32_t(e), best_v = v;
+      }
+      st[i] = best;
+    }
+  }
+  double sum = 0.0;
+  for (int64_t i = 0; i < k; ++i) sum += st[i] >= 0 && st[i] < E ? score[st[i]] : 0.0f;
+  for (int64_t i = 0; i < k; ++i)
+    weights[t * k + i] = (st[i] >= 0 && st[i] < E ? score[st[i]] : 0.0f) / float(sum) * routed_scale;
+}
+
+// h = round(silu(min(g, L)) · clamp(u, ±L) · w): one thread per element of [rows, F].
+__global__ void swiglu_kernel(float* g, const float* u, int64_t rows, int64_t F, const float* w, float limit,
+                              bool bf16) {
+  const int64_t n = rows * F;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
+    float gv = g[e], uv = u[e];
+    if (limit > 0) {
+      gv = fminf(gv, limit);
+      uv = fminf(fmaxf(uv, -limit), limit);
+    }
+    const float h = silu_f(gv) * uv;
+    g[e] = round_if(bf16, w ? h * w[e / F] : h);
+  }
+}
+
+// out[t, d] = Σ_{slots by ascending expert id} expert_out[t, slot, d] (+ shared[t, d]), in double.
+__global__ void moe_combine_kernel(const float* expert_out, const float* shared, const int32_t* sel, int64_t T,
+                                   int64_t k, int64_t D, bool bf16, float* out) {
+  const int64_t n = T * D;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = e / D, d = e % D;
+    int order[kMaxExpertsPerToken];
+    for (int i = 0; i < k; ++i) order[i] = i;
+    for (int i = 1; i < k; ++i)  // insertion sort of the slots by expert id (k is small)
+      for (int j = i; j > 0 && sel[t * k + order[j]] < sel[t * k + order[j - 1]]; --j) {
+        const int tmp = order[j];
+        order[j] = order[j - 1], order[j - 1] = tmp;
+      }
+    double acc = 0.0;
+    for (int i = 0; i < k; ++i) acc += expert_out[(t * k + order[i]) * D + d];
+    if (shared) acc += shared[e];
+    out[e] = round_if(bf16, float(acc));
+  }
+}
+
+}  // namespace
+
+void CudaBackend::route(const model::MoeWeights& m, const float* x, const int32_t* tokens, int64_t T, int64_t D,
+                        int64_t k, double routed_scale, int32_t* sel, float* weights) {
+  if (T == 0) return;
+  const int64_t E = m.gate.out;
+  const bool hash = !m.tid2eid.empty();
+  DSV4_CUDA_REQUIRE(k > 0 && k <= E && (hash || int64_t(m.bias.size()) == E), "route: k ", k, " of ", E,
+                    " experts, bias ", m.bias.size());
+  DeviceArray<float> logits(stream_, size_t(T * E));
+  linear(m.gate, Compute::f32, x, T, logits.get());
+  route_kernel<<<unsigned(T), kRouteThreads, size_t(E) * sizeof(float), stream_>>>(
+      logits.get(), E, hash ? nullptr : device_floats(m.bias), hash ? device_ints(m.tid2eid) : nullptr,
+      hash ? int64_t(m.tid2eid.size()) / k : 0, tokens, k, float(routed_scale), sel, weights);
+  DSV4_CUDA_LAUNCHED("route");
+}
+
+void CudaBackend::expert_ffn(GemmRequest gate, GemmRequest up, GemmRequest down, const float* row_weights,
+                             double limit) {
+  const int64_t rows = gate.T, F = gate.rows;
+  DeviceArray<float> g(stream_, size_t(rows * F)), u(stream_, size_t(rows * F));
+  gate.y = g.get(), gate.y_stride = F;
+  up.y = u.get(), up.y_stride = F;
+  gemm(gate);
+  gemm(up);
+  swiglu_kernel<<<grid_for(rows * F, 256), 256, 0, stream_>>>(g.get(), u.get(), rows, F, row_weights, float(limit),
+                                                              deepseek());
+  DSV4_CUDA_LAUNCHED("moe (swiglu)");
+  down.x = g.get(), down.x_stride = F, down.x_div = 1, down.T = rows;
+  gemm(down);
+}
+
+void CudaBackend::moe(const model::MoeWeights& m, const float* x, const int32_t* sel, const float* weights,
+                      int64_t T, int64_t D, int64_t k, double limit, float* out) {
+  if (T == 0) return;
+  const int64_t E = int64_t(m.experts.size());
+  DSV4_CUDA_REQUIRE(E > 0 && k > 0 && k <= kMaxExpertsPerToken, "moe: ", E, " experts, k ", k);
+  const int64_t F = m.experts[0].w1.out;
+  for (const model::ExpertWeights& e : m.experts)
+    DSV4_CUDA_REQUIRE(e.w1.out == F && e.w3.out == F && e.w2.out == D && e.w1.in == D && e.w2.in == F,
+                      "moe: expert ", e.w1.name, " shapes differ from the first expert's");
+  const LinearView* w1 = device_expert_table(m, 1);
+  const LinearView* w3 = device_expert_table(m, 3);
+  const LinearView* w2 = device_expert_table(m, 2);
+
+  for (int64_t c0 = 0; c0 < T; c0 += kMoeTokenChunk) {
+    const int64_t nt = std::min(kMoeTokenChunk, T - c0);
+    // Routed experts: rows (token, slot), each through the matrices of its selected expert.
+    DeviceArray<float> expert_out(stream_, size_t(nt * k * D));
+    GemmRequest gate, up, down;
+    for (GemmRequest* r : {&gate, &up, &down}) {
+      r->W = device_linear(m.experts[0].w1);  // format/shape template; rows read their own view
+      r->view_of_row = sel + c0 * k, r->n_views = E, r->compute = Compute::quantized, r->T = nt * k;
+    }
+    gate.table = w1, up.table = w3, down.table = w2;
+    down.W = device_linear(m.experts[0].w2);
+    gate.x = up.x = x + c0 * D, gate.x_stride = up.x_stride = D, gate.x_div = up.x_div = k;
+    gate.rows = up.rows = F, down.rows = D;
+    down.y = expert_out.get(), down.y_stride = D;
+    expert_ffn(gate, up, down, weights + c0 * k, limit);
+
+    DeviceArray<float> shared(stream_, m.shared ? size_t(nt * D) : 0);
+    if (m.shared) {
+      GemmRequest sg, su, sd;
+      sg.W = device_linear(m.shared->w1), su.W = device_linear(m.shared->w3), sd.W = device_linear(m.shared->w2);
+      for (GemmRequest* r : {&sg, &su, &sd}) r->compute = Compute::quantized, r->T = nt;
+      sg.x = su.x = x + c0 * D, sg.x_stride = su.x_stride = D;
+      sg.rows = su.rows = m.shared->w1.out, sd.rows = D;
+      sd.y = shared.get(), sd.y_stride = D;
+      expert_ffn(sg, su, sd, nullptr, limit);
+    }
+    moe_combine_kernel<<<grid_for(nt * D, 256), 256, 0, stream_>>>(expert_out.get(), shared.get(), sel + c0 * k, nt, k,
+                                                                   D, deepseek(), out + c0 * D);
+    DSV4_CUDA_LAUNCHED("moe (combine)");
+  }
+}
+
+}  // namespace dsv4::cuda

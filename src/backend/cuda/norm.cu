@@ -1,0 +1,84 @@
+// Normalisations and elementwise ops (twin of cpu/norm.cpp; architecture.md §3.0 RMSNorm, §3.3
+// per-head q norm).
+//
+// Parallelisation: one block of 256 threads per row; the sum of squares is a block-wide double
+// reduction, then threads stride over the row to write it. scale/add: one thread per element.
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/device_math.cuh"
+
+namespace dsv4::cuda {
+
+namespace {
+
+constexpr int kRowThreads = 256;
+
+// RMSNorm: v = mean(x²) in double, inv = rsqrt(fp32(v) + eps); y = w · (x · inv), the weight
+// applied before the bf16 rounding (§3.0).
+__global__ void rms_norm_kernel(const float* x, const float* w, int64_t n, float eps, bool bf16, float* y) {
+  __shared__ double scratch[32];
+  const float* xr = x + blockIdx.x * n;
+  float* yr = y + blockIdx.x * n;
+  double sum = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += double(xr[i]) * double(xr[i]);
+  sum = block_sum(sum, scratch);
+  const float inv = rsqrt_f(float(sum / double(n)) + eps);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = xr[i] * inv;
+    yr[i] = round_if(bf16, w ? w[i] * v : v);
+  }
+}
+
+// The weightless per-head norm in bf16 arithmetic (deepseek): q², the mean, mean + eps, the rsqrt
+// and the product are each rounded (§5).
+__global__ void head_norm_kernel(float* q, int64_t n, float eps, bool bf16) {
+  __shared__ double scratch[32];
+  float* qr = q + blockIdx.x * n;
+  double sum = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += double(round_if(bf16, qr[i] * qr[i]));
+  sum = block_sum(sum, scratch);
+  const float mean = round_if(bf16, float(sum / double(n)));
+  const float inv = round_if(bf16, rsqrt_f(round_if(bf16, mean + eps)));
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) qr[i] = round_if(bf16, qr[i] * inv);
+}
+
+__global__ void scale_kernel(float* x, int64_t n, float s, bool bf16) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = round_if(bf16, x[i] * s);
+}
+
+__global__ void add_kernel(const float* a, const float* b, int64_t n, bool bf16, float* y) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = round_if(bf16, a[i] + b[i]);
+}
+
+}  // namespace
+
+void CudaBackend::rms_norm(const float* x, const float* w, int64_t rows, int64_t n, double eps, float* y) {
+  if (rows == 0) return;
+  DSV4_CUDA_REQUIRE(rows < (int64_t(1) << 31), "rms_norm: ", rows, " rows");
+  // w is a model weight (host memory): its device copy, uploaded once.
+  const float* dw = w ? static_cast<const float*>(upload(w, size_t(n) * sizeof(float))) : nullptr;
+  rms_norm_kernel<<<unsigned(rows), kRowThreads, 0, stream_>>>(x, dw, n, float(eps), deepseek(), y);
+  DSV4_CUDA_LAUNCHED("rms_norm");
+}
+
+void CudaBackend::head_norm(float* q, int64_t rows, int64_t n, double eps) {
+  if (rows == 0) return;
+  DSV4_CUDA_REQUIRE(rows < (int64_t(1) << 31), "head_norm: ", rows, " rows");
+  head_norm_kernel<<<unsigned(rows), kRowThreads, 0, stream_>>>(q, n, float(eps), deepseek());
+  DSV4_CUDA_LAUNCHED("head_norm");
+}
+
+void CudaBackend::scale(float* x, int64_t n, float s) {
+  if (n == 0) return;
+  scale_kernel<<<grid_for(n, 256), 256, 0, stream_>>>(x, n, s, deepseek());
+  DSV4_CUDA_LAUNCHED("scale");
+}
+
+void CudaBackend::add(const float* a, const float* b, int64_t n, float* y) {
+  if (n == 0) return;
+  add_kernel<<<grid_for(n, 256), 256, 0, stream_>>>(a, b, n, deepseek(), y);
+  DSV4_CUDA_LAUNCHED("add");
+}
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,151 @@
+// Twins of the attention state and attention ops (cpu/attention.cpp, compressor.cpp,
+// indexer.cpp ↔ cuda/attention.cu, compressor.cu, indexer.cu): the sliding-window ring, sparse
+// attention with sinks over window + compressed rows, the compressor carry and pooling across
+// chunk boundaries, and the Lightning Indexer's top-k (ties included).
+#include <algorithm>
+
+#include "twin.h"
+
+namespace dsv4::test {
+
+TEST(CudaTwin, SwaRing) {
+  DSV4_REQUIRE_GPU();
+  for (auto [window, width, pos0, n] : {std::tuple{4, 3, 0, 1}, {8, 17, 5, 20}, {128, 128, 1000, 7}, {16, 64, 3, 16}}) {
+    const std::string name = "swa_store/gather w" + std::to_string(window) + " width" + std::to_string(width) + " p" +
+                             std::to_string(pos0) + "+" + std::to_string(n);
+    const std::vector<float> ring0 = random_bf16(name + ".ring", size_t(window * width));
+    const std::vector<float> rows = random_bf16(name + ".rows", size_t(n * width));
+    const int64_t begin = std::max<int64_t>(pos0, pos0 + n - window), end = pos0 + n;
+    expect_twins_both(name, [&](Side& s) {
+      float* ring = s.in(ring0);
+      s->swa_store(ring, window, width, s.in(rows), pos0, n);
+      float* dst = s.out(size_t((end - begin) * width));
+      s->swa_gather(ring, window, width, begin, end, dst);
+      Outputs o;
+      o.add("ring", s.read(ring, ring0.size()));
+      o.add("gathered", s.read(dst, size_t((end - begin) * width)));
+      return o;
+    });
+  }
+}
+
+struct AttnCase {
+  int64_t T, H, hd, p0, window;
+  int64_t n_comp = 0, ratio = 0, k = 0;  // k > 0: indexer selections
+};
+
+TEST(CudaTwin, Attention) {
+  DSV4_REQUIRE_GPU();
+  const std::vector<AttnCase> cases = {
+      {1, 1, 64, 0, 128},                   // one row
+      {31, 4, 128, 200, 16},                // SWA only, window full
+      {7, 4, 128, 0, 128},                  // tiny config, prompt start
+      {9, 4, 72, 1000, 128, 7, 128},        // HCA: rows w < (t+1)/128
+      {13, 3, 64, 37, 8, 12, 4},            // HCA-style ratio 4
+      {11, 4, 128, 500, 128, 127, 4, 32},   // CSA: indexer selections with −1 padding
+      {2, 2, 512, 4000, 128, 1000, 4, 512}, // V4-Flash head size and top-k
+  };
+  for (const AttnCase& c : cases) {
+    const std::string name = "attention T" + std::to_string(c.T) + " H" + std::to_string(c.H) + " hd" +
+                             std::to_string(c.hd) + " p" + std::to_string(c.p0) + " W" + std::to_string(c.window) +
+                             (c.ratio ? " comp" + std::to_string(c.n_comp) + "/r" + std::to_string(c.ratio) : "") +
+                             (c.k ? " k" + std::to_string(c.k) : "");
+    const int64_t first_pos = std::max<int64_t>(0, c.p0 - (c.window - 1)), n_swa = c.p0 - first_pos + c.T;
+    const std::vector<float> q = random_bf16(name + ".q", size_t(c.T * c.H * c.hd), 2.0f);
+    const std::vector<float> kv = random_bf16(name + ".kv", size_t(n_swa * c.hd));
+    const std::vector<float> comp = random_bf16(name + ".comp", size_t(std::max<int64_t>(1, c.n_comp) * c.hd));
+    const std::vector<float> sinks = random_f32(name + ".sinks", size_t(c.H));
+    std::vector<int32_t> idx;
+    std::mt19937 rng(seed_of(name + ".idx"));
+    for (int64_t i = 0; i < c.T * c.k; ++i) idx.push_back(i % 5 == 4 ? -1 : int32_t(rng() % uint32_t(c.n_comp)));
+    expect_twins_both(name, [&](Side& s) {
+      float* out = s.out(size_t(c.T * c.H * c.hd));
+      const SwaRows swa{s.in(kv), first_pos, n_swa, c.window};
+      CompressedRows cr;
+      if (c.ratio) cr = CompressedRows{s.in(comp), c.n_comp, c.ratio, c.k ? s.ids(idx) : nullptr, c.k};
+      s->attention(s.in(q), c.T, c.H, c.hd, c.p0, swa, cr, sinks.data(), float(1.0 / std::sqrt(double(c.hd))), out);
+      Outputs o;
+      o.add("out", s.read(out, size_t(c.T * c.H * c.hd)));
+      return o;
+    });
+  }
+}
+
+// Pushes chunks of a token stream through a compressor and compares every pooled row, the emitted
+// counts and the final carry: windows straddle chunk boundaries.
+TEST(CudaTwin, CompressorPushAcrossChunks) {
+  DSV4_REQUIRE_GPU();
+  for (auto [ratio, dim] : {std::pair{4, 16}, {4, 128}, {128, 16}, {128, 72}}) {
+    const std::string name = "compressor r" + std::to_string(ratio) + " d" + std::to_string(dim);
+    model::CompressorWeights cw;
+    cw.ratio = ratio, cw.dim = dim;
+    const int64_t width = cw.width();
+    cw.ape = random_f32(name + ".ape", size_t(ratio * width), 0.3f);
+    const std::vector<int64_t> chunks = {3, 1, 9, 130, 1, 7, 256};
+    int64_t total = 0;
+    for (int64_t n : chunks) total += n;
+    const std::vector<float> a = random_f32(name + ".a", size_t(total * width));
+    const std::vector<float> sc = random_f32(name + ".s", size_t(total * width), 2.0f);
+    expect_twins_both(name, [&](Side& s) {
+      const size_t carry_n = size_t((ratio == 4 ? 8 : ratio) * width);
+      CompressorCarry carry{s.out(carry_n), s.out(carry_n)};
+      s->compressor_reset(cw, carry);
+      Outputs o;
+      std::vector<int32_t> emitted;
+      int64_t p0 = 0;
+      for (int64_t n : chunks) {
+        const std::vector<float> an(a.begin() + p0 * width, a.begin() + (p0 + n) * width);
+        const std::vector<float> sn(sc.begin() + p0 * width, sc.begin() + (p0 + n) * width);
+        float* pooled = s.out(size_t((n / ratio + 1) * dim));
+        const int64_t e = s->compressor_push(cw, carry, s.in(an), s.in(sn), p0, n, pooled);
+        emitted.push_back(int32_t(e));
+        o.add("pooled@" + std::to_string(p0), s.read(pooled, size_t((n / ratio + 1) * dim)));
+        p0 += n;
+      }
+      o.add("carry.a", s.read(carry.a, carry_n));
+      o.add("carry.s", s.read(carry.s, carry_n));
+      o.add("emitted", emitted);
+      return o;
+    });
+  }
+}
+
+struct IndexerCase {
+  int64_t T, heads, dim, p0, k;
+  bool duplicate_keys = false;  // every key twice: exact ties in any numerics
+};
+
+TEST(CudaTwin, IndexerSelect) {
+  DSV4_REQUIRE_GPU();
+  const std::vector<IndexerCase> cases = {
+      {1, 1, 32, 0, 8},          // nothing visible yet
+      {1, 4, 128, 8, 32},        // fewer visible than k
+      {31, 4, 128, 100, 32},     // odd T, visibility grows inside the chunk
+      {7, 4, 128, 1000, 32},     // tiny config
+      {3, 8, 64, 4000, 512},     // V4-Flash top-k over 1000 keys
+      {5, 2, 32, 300, 16, true}, // ties
+      {2, 4, 128, 40000, 64},    // 10 000 keys
+  };
+  for (const IndexerCase& c : cases) {
+    const std::string name = "indexer_select T" + std::to_string(c.T) + " H" + std::to_string(c.heads) + " d" +
+                             std::to_string(c.dim) + " p" + std::to_string(c.p0) + " k" + std::to_string(c.k) +
+                             (c.duplicate_keys ? " ties" : "");
+    const int64_t n_keys = (c.p0 + c.T) / 4;
+    const std::vector<float> q = random_bf16(name + ".q", size_t(c.T * c.heads * c.dim));
+    const std::vector<float> wts = random_bf16(name + ".wts", size_t(c.T * c.heads), 0.1f);
+    std::vector<float> keys = random_bf16(name + ".keys", size_t(std::max<int64_t>(1, n_keys) * c.dim));
+    if (c.duplicate_keys)
+      for (int64_t w = 1; w < n_keys; w += 2)
+        std::copy(keys.begin() + (w - 1) * c.dim, keys.begin() + w * c.dim, keys.begin() + w * c.dim);
+    expect_twins_both(name, [&](Side& s) {
+      int32_t* idx = s.ids_out(size_t(c.T * c.k));
+      s->indexer_select(s.in(q), s.in(wts), c.T, c.heads, c.dim, n_keys ? s.in(keys) : nullptr, n_keys, 4, c.p0, c.k,
+                        idx);
+      Outputs o;
+      o.add("idx", s.read_ids(idx, size_t(c.T * c.k)));
+      return o;
+    });
+  }
+}
+
+}  // namespace dsv4::test

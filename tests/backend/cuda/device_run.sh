@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Builds the CUDA twin tests and runs them, on a GPU machine reached through the device tool
+# (the H200 image has CMake, ninja, nvcc and most of the project's -dev packages, but not all:
+# the carried ones below were needed there in 2026-11).
+#
+#   tests/backend/cuda/device_run.sh [DEBS_DIR] [CTEST_REGEX]
+#
+# DEBS_DIR holds Debian 12 .debs of the build dependencies (apt-get download libfmt-dev libfmt9
+# nlohmann-json3-dev libcli11-dev libgtest-dev libpcre2-dev libpcre2-8-0 libpcre2-16-0
+# libpcre2-32-0 libpcre2-posix3 pkgconf pkgconf-bin libpkgconf3); they are unpacked into
+# /tmp/deps and put first on every search path. Logs go to $OUT when set.
+set -uo pipefail
+cd "$(dirname "$0")/../../.."
+debs=${1:-}
+regex=${2:-Cuda|cuda}
+out=${OUT:-/tmp}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+echo "nvcc: $(nvcc --version | tail -1); cmake: $(cmake --version | head -1); gcc: $(gcc -dumpfullversion)"
+have_all=1
+for h in /usr/include/nlohmann /usr/include/fmt /usr/include/gtest /usr/include/CLI /usr/include/pcre2.h; do
+  [ -e "$h" ] || have_all=0
+done
+command -v pkg-config >/dev/null || have_all=0
+if [ "$have_all" = 0 ] && [ -n "$debs" ] && [ -d "$debs" ]; then
+  echo "using the carried packages in $debs"
+  mkdir -p /tmp/deps
+  for f in "$debs"/*.deb; do dpkg -x "$f" /tmp/deps; done
+  sed -i 's|^prefix=/usr$|prefix=/tmp/deps/usr|' /tmp/deps/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc \
+    /tmp/deps/usr/share/pkgconfig/*.pc
+  export CMAKE_PREFIX_PATH=/tmp/deps/usr
+  export LD_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export PKG_CONFIG_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu/pkgconfig:/tmp/deps/usr/share/pkgconfig
+  command -v pkg-config >/dev/null || export PATH=$PATH:/tmp/deps/usr/bin
+fi
+
+export PATH=$PATH:/usr/local/cuda/bin
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
+  -DDSV4_BENCH=OFF >"$out/configure.log" 2>&1 || { tail -40 "$out/configure.log"; exit 1; }
+cmake --build build -j"$(nproc)" --target test_cuda >"$out/build.log" 2>&1 || { grep -E "error|Error" "$out/build.log" | head -40; tail -20 "$out/build.log"; exit 1; }
+echo "built test_cuda; $(ctest --test-dir build -N -R "$regex" | tail -1)"
+# One process for all cases (ctest would start a CUDA context per test); every twin and e2e
+# comparison prints one line, kept in $out/test.log.
+timeout "${TEST_TIMEOUT:-400}" build/tests/test_cuda --gtest_filter="${GTEST_FILTER:-*Cuda*}" >"$out/test.log" 2>&1
+status=$?
+echo "twin outputs bit-exact: $(grep -cE '^\[ twin .*(bit-exact|identical)$' "$out/test.log"), differing: $(grep -E '^\[ twin ' "$out/test.log" | grep -cv 'bit-exact\|identical$')"
+grep -E '^\[ twin ' "$out/test.log" | grep -v 'bit-exact\|identical$' | head -30
+grep -E '^\[ e2e ' "$out/test.log"
+grep -E '^\[  (FAILED|PASSED|SKIPPED) |Failure|error' "$out/test.log" | head -40
+tail -3 "$out/test.log"
+# SANITIZE=1: compute-sanitizer's memcheck and initcheck over the op twins and one engine case,
+# racecheck over the kernels that share memory between threads.
+if [ "${SANITIZE:-0}" = 1 ]; then
+  san=/usr/local/cuda/bin/compute-sanitizer
+  for tool in memcheck initcheck; do
+    timeout 150 $san --tool $tool --error-exitcode 9 build/tests/test_cuda \
+      --gtest_filter='CudaTwin.*:*tiny_flash_129_deepseek' >"$out/$tool.log" 2>&1
+    echo "$tool: exit $? $(grep -E 'ERROR SUMMARY' "$out/$tool.log" | tail -1)"
+  done
+  timeout 120 $san --tool racecheck --error-exitcode 9 build/tests/test_cuda \
+    --gtest_filter='CudaTwin.Attention:CudaTwin.IndexerSelect:CudaTwin.IndexerFp4Simulation:CudaTwin.Hc*:CudaTwin.RmsNorm' \
+    >"$out/racecheck.log" 2>&1
+  echo "racecheck: exit $? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$out/racecheck.log" | tail -1)"
+fi
+exit $status

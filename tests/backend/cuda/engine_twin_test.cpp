@@ -1,0 +1,127 @@
+// The engine end to end on the CUDA backend: logits on the committed fixtures against the oracle
+// references (the thresholds of tests/engine/oracle_test.cpp) and against the CPU engine (ideally
+// bit for bit), and chunked prefill / decode on the GPU against one pass.
+#include <cstdio>
+#include <filesystem>
+
+#include "engine/engine.h"
+#include "../../engine/fixtures.h"
+#include "twin.h"
+
+namespace dsv4::test {
+
+using engine::Engine;
+using engine::Model;
+using engine::SequenceState;
+
+struct EngineCase {
+  std::string model;
+  int64_t prompt;  // prefix length; the CPU comparison runs only at ≤ 129 tokens (time)
+  Numerics numerics;
+};
+
+std::string engine_case_name(const testing::TestParamInfo<EngineCase>& info) {
+  std::string m = info.param.model;
+  for (char& ch : m)
+    if (ch == '-') ch = '_';
+  return m + "_" + std::to_string(info.param.prompt) + "_" + to_string(info.param.numerics) +
+         (info.param.prompt >= 1000 ? "_long" : "");
+}
+
+void PrintTo(const EngineCase& c, std::ostream* os) {
+  *os << c.model << ", " << c.prompt << " tokens, " << to_string(c.numerics);
+}
+
+class CudaEngine : public testing::TestWithParam<EngineCase> {};
+
+// Bitwise equal elements between two logit arrays.
+int64_t identical(const std::vector<float>& a, const std::vector<float>& b) {
+  int64_t n = 0;
+  for (size_t i = 0; i < a.size(); ++i) n += same_bits(a[i], b[i]);
+  return n;
+}
+
+TEST_P(CudaEngine, LogitsMatchTheReferenceAndTheCpu) {
+  DSV4_REQUIRE_GPU();
+  const EngineCase& c = GetParam();
+  const std::string ref_dir = fixture_logits(c.model);
+  const std::vector<int32_t> all_tokens = read_tokens(ref_dir + "/tokens.json");
+  ASSERT_LE(c.prompt, int64_t(all_tokens.size()));
+  const std::vector<float> ref = read_f32(ref_dir + "/" + to_string(c.numerics) + ".f32");
+  auto model = Model::load(fixture_model(c.model));
+  const int64_t V = model->config().vocab_size;
+  const std::vector<int32_t> prompt(all_tokens.begin(), all_tokens.begin() + c.prompt);
+
+  Engine gpu(*model, make_cuda_backend(c.numerics));
+  SequenceState seq = gpu.new_sequence();
+  const std::vector<float> logits = gpu.forward(seq, prompt, true);
+  ASSERT_EQ(int64_t(logits.size()), c.prompt * V);
+
+  const LogitsDiff d = compare_logits(logits.data(), ref.data(), c.prompt, V);
+  const std::vector<float> ref_prefix(ref.begin(), ref.begin() + c.prompt * V);
+  std::printf("[ e2e      ] %s %lld tokens %s vs reference: max|d| %.3g, argmax %.4f, bit-identical %lld/%lld\n",
+              c.model.c_str(), (long long)c.prompt, to_string(c.numerics), d.max_abs, d.argmax_agree,
+              (long long)identical(logits, ref_prefix), (long long)logits.size());
+  if (c.numerics == Numerics::plain) {
+    EXPECT_LE(d.max_abs, 1e-3) << "worst position " << d.worst_row;
+  } else {
+    EXPECT_LE(d.max_abs, 2e-2) << "worst position " << d.worst_row;
+    EXPECT_GE(d.argmax_agree, 0.999);
+  }
+
+  if (c.prompt > 129) return;
+  Engine cpu(*model, make_cpu_backend(c.numerics));
+  SequenceState cpu_seq = cpu.new_sequence();
+  const std::vector<float> cpu_logits = cpu.forward(cpu_seq, prompt, true);
+  const LogitsDiff dc = compare_logits(logits.data(), cpu_logits.data(), c.prompt, V);
+  const int64_t same = identical(logits, cpu_logits);
+  std::printf("[ e2e      ] %s %lld tokens %s vs CPU engine: max|d| %.3g, bit-identical %lld/%lld\n", c.model.c_str(),
+              (long long)c.prompt, to_string(c.numerics), dc.max_abs, (long long)same, (long long)logits.size());
+  EXPECT_EQ(same, int64_t(logits.size())) << "GPU and CPU logits differ: max|Δ| " << dc.max_abs;
+}
+
+std::vector<EngineCase> engine_cases() {
+  std::vector<EngineCase> cases;
+  for (const std::string model : {"tiny-flash", "tiny-pro", "tiny-swa"}) {
+    if (!std::filesystem::exists(fixture_logits(model) + "/tokens.json")) continue;
+    const int64_t n = int64_t(read_tokens(fixture_logits(model) + "/tokens.json").size());
+    for (Numerics numerics : {Numerics::plain, Numerics::deepseek})
+      for (int64_t prompt : {int64_t(1), int64_t(7), int64_t(129), n})
+        if (prompt <= n) cases.push_back({model, prompt, numerics});
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaEngine, testing::ValuesIn(engine_cases()), engine_case_name);
+
+// The GPU's state ops (ring, carries, row stores) make chunking invisible: any chunk size and
+// token-by-token decode give the one-pass logits bit for bit.
+TEST(CudaEngineState, ChunkedPrefillAndDecodeMatchOnePass) {
+  DSV4_REQUIRE_GPU();
+  auto model = Model::load(fixture_model("tiny-flash"));
+  const std::vector<int32_t> all = read_tokens(fixture_logits("tiny-flash") + "/tokens.json");
+  const int64_t n = 600, V = model->config().vocab_size;
+  const std::vector<int32_t> tokens(all.begin(), all.begin() + n);
+  for (Numerics numerics : {Numerics::deepseek, Numerics::plain}) {
+    Engine gpu(*model, make_cuda_backend(numerics));
+    SequenceState one = gpu.new_sequence();
+    const std::vector<float> one_shot = gpu.forward(one, tokens, true);
+    for (int64_t chunk : {1, 7, 128, 300}) {
+      SequenceState seq = gpu.new_sequence();
+      const std::vector<float> chunked = gpu.prefill(seq, tokens, chunk, true);
+      ASSERT_EQ(chunked.size(), one_shot.size());
+      const LogitsDiff d = compare_logits(chunked.data(), one_shot.data(), n, V);
+      EXPECT_EQ(identical(chunked, one_shot), int64_t(one_shot.size()))
+          << to_string(numerics) << " chunk " << chunk << ": max|Δ| " << d.max_abs;
+    }
+    {
+      SequenceState seq = gpu.new_sequence();
+      gpu.forward(seq, std::span<const int32_t>(tokens.data(), 100), false);
+      seq.reset();
+      const std::vector<float> again = gpu.forward(seq, tokens, true);
+      EXPECT_EQ(identical(again, one_shot), int64_t(one_shot.size())) << to_string(numerics) << " after reset";
+    }
+  }
+}
+
+}  // namespace dsv4::test

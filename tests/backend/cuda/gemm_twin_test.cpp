@@ -1,0 +1,99 @@
+// Twins of the matrix products and the embedding (cpu/gemm.cpp ↔ cuda/gemm.cu): every weight
+// format and compute kind, sizes 1, odd and tiny-config, sub-ranges of rows and strided operands.
+#include "twin.h"
+
+namespace dsv4::test {
+
+using model::WeightFormat;
+
+struct LinearCase {
+  WeightFormat format;
+  Compute compute;
+  int64_t T, out, in;
+  bool f32_scales = false;
+};
+
+std::string describe(const LinearCase& c) {
+  const char* compute = c.compute == Compute::quantized ? "quantized" : c.compute == Compute::bf16 ? "bf16" : "f32";
+  return std::string("linear ") + model::to_string(c.format) + "/" + compute + " T" + std::to_string(c.T) + " " +
+         std::to_string(c.out) + "x" + std::to_string(c.in) + (c.f32_scales ? " f32-scales" : "");
+}
+
+TEST(CudaTwin, LinearAllFormatsAndSizes) {
+  DSV4_REQUIRE_GPU();
+  std::vector<LinearCase> cases;
+  for (auto [T, out, in] : {std::tuple{1, 1, 128}, {31, 17, 224}, {7, 256, 256}, {3, 128, 4096}, {2, 33, 96}}) {
+    for (WeightFormat f : {WeightFormat::fp8, WeightFormat::fp4}) {
+      cases.push_back({f, Compute::quantized, T, out, in});
+      cases.push_back({f, Compute::f32, T, out, in});
+    }
+    cases.push_back({WeightFormat::bf16, Compute::bf16, T, out, in});
+    cases.push_back({WeightFormat::bf16, Compute::f32, T, out, in});
+    cases.push_back({WeightFormat::f32, Compute::f32, T, out, in});
+  }
+  cases.push_back({WeightFormat::fp8, Compute::quantized, 5, 200, 300});  // K tail of 44, two scale rows
+  cases.push_back({WeightFormat::fp8, Compute::quantized, 4, 130, 256, true});
+  cases.push_back({WeightFormat::fp4, Compute::quantized, 4, 9, 256, true});
+  for (const LinearCase& c : cases) {
+    const std::string name = describe(c);
+    auto W = random_linear(name + ".w", c.format, c.out, c.in);
+    if (c.f32_scales) W = random_linear(name + ".w", c.format, c.out, c.in, 0.05f, true);
+    const std::vector<float> x = random_bf16(name + ".x", size_t(c.T * c.in));
+    expect_twins_both(name, [&](Side& s) {
+      float* y = s.out(size_t(c.T * c.out));
+      s->linear(W->W, c.compute, s.in(x), c.T, y);
+      Outputs o;
+      o.add("y", s.read(y, size_t(c.T * c.out)));
+      return o;
+    });
+  }
+}
+
+// The grouped wo_a product: rows [g·R, (g+1)·R) of W against a column slice of x, written into a
+// column slice of y (strides wider than the operands).
+TEST(CudaTwin, LinearRowRangeAndStrides) {
+  DSV4_REQUIRE_GPU();
+  const int64_t T = 5, G = 2, R = 24, in_g = 64;
+  for (WeightFormat f : {WeightFormat::bf16, WeightFormat::fp8}) {
+    const std::string name = std::string("linear groups ") + model::to_string(f);
+    auto W = random_linear(name + ".w", f, G * R, in_g);
+    const std::vector<float> x = random_bf16(name + ".x", size_t(T * G * in_g));
+    const Compute compute = f == WeightFormat::bf16 ? Compute::bf16 : Compute::quantized;
+    expect_twins_both(name, [&](Side& s) {
+      float* y = s.out(size_t(T * G * R));
+      const float* xd = s.in(x);
+      for (int64_t g = 0; g < G; ++g) s->linear(W->W, compute, xd + g * in_g, G * in_g, T, y + g * R, G * R, g * R, R);
+      Outputs o;
+      o.add("y", s.read(y, size_t(T * G * R)));
+      return o;
+    });
+  }
+}
+
+TEST(CudaTwin, EmbedCopiesTheRowToEveryStream) {
+  DSV4_REQUIRE_GPU();
+  for (auto [T, hc, D] : {std::tuple{1, 1, 8}, {13, 4, 256}, {3, 2, 33}}) {
+    const std::string name = "embed T" + std::to_string(T) + " hc" + std::to_string(hc) + " D" + std::to_string(D);
+    auto table = random_linear(name + ".table", WeightFormat::bf16, 50, D);
+    std::vector<int32_t> tokens;
+    for (int t = 0; t < T; ++t) tokens.push_back(int32_t((t * 37 + 11) % 50));
+    expect_twins_both(name, [&](Side& s) {
+      float* X = s.out(size_t(T * hc * D));
+      s->embed(table->W, s.ids(tokens), T, hc, X);
+      Outputs o;
+      o.add("X", s.read(X, size_t(T * hc * D)));
+      return o;
+    });
+  }
+}
+
+TEST(CudaTwin, EmbedRejectsIdsOutsideTheVocabulary) {
+  DSV4_REQUIRE_GPU();
+  auto gpu = make_cuda_backend(Numerics::deepseek);
+  auto table = random_linear("embed bad id", WeightFormat::bf16, 10, 16);
+  Side s(*gpu);
+  float* X = s.out(16);
+  EXPECT_THROW(s->embed(table->W, s.ids({10}), 1, 1, X), Error);
+}
+
+}  // namespace dsv4::test

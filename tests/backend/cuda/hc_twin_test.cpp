@@ -1,0 +1,63 @@
+// Twins of the hyper-connection ops (cpu/hc.cpp ↔ cuda/hc.cu): mHC pre with Sinkhorn, mHC post
+// and the HC head, at sizes 1, odd and the tiny config.
+#include "twin.h"
+
+namespace dsv4::test {
+
+struct HcWeights {
+  std::unique_ptr<HostLinear> fn;
+  model::HcParams p;
+};
+
+HcWeights random_hc(const std::string& name, int64_t mix, int64_t hc, int64_t D) {
+  HcWeights w;
+  w.fn = random_linear(name + ".fn", model::WeightFormat::f32, mix, hc * D, 0.3f);
+  w.p.fn = w.fn->W;
+  w.p.base = random_f32(name + ".base", size_t(mix), 0.5f);
+  w.p.scale = random_uniform(name + ".scale", 3, 0.5f, 2.0f);
+  return w;
+}
+
+TEST(CudaTwin, HcPreAndPost) {
+  DSV4_REQUIRE_GPU();
+  for (auto [T, hc, D] : {std::tuple{1, 1, 1}, {1, 4, 256}, {31, 4, 17}, {9, 4, 256}, {3, 2, 100}}) {
+    const std::string name = "hc_pre/post T" + std::to_string(T) + " hc" + std::to_string(hc) + " D" + std::to_string(D);
+    const int64_t mix = (2 + hc) * hc;
+    const HcWeights w = random_hc(name, mix, hc, D);
+    const std::vector<float> X = random_bf16(name + ".X", size_t(T * hc * D));
+    const std::vector<float> a = random_bf16(name + ".a", size_t(T * D));
+    expect_twins_both(name, [&](Side& s) {
+      float* u = s.out(size_t(T * D));
+      float* post = s.out(size_t(T * hc));
+      float* comb = s.out(size_t(T * hc * hc));
+      const float* Xd = s.in(X);
+      s->hc_pre(w.p, Xd, T, hc, D, 20, 1e-6, 1e-6, u, post, comb);
+      float* X_out = s.out(size_t(T * hc * D));
+      s->hc_post(s.in(a), Xd, post, comb, T, hc, D, X_out);
+      Outputs o;
+      o.add("u", s.read(u, size_t(T * D)));
+      o.add("post", s.read(post, size_t(T * hc)));
+      o.add("comb", s.read(comb, size_t(T * hc * hc)));
+      o.add("X_out", s.read(X_out, size_t(T * hc * D)));
+      return o;
+    });
+  }
+}
+
+TEST(CudaTwin, HcHead) {
+  DSV4_REQUIRE_GPU();
+  for (auto [T, hc, D] : {std::tuple{1, 4, 256}, {31, 4, 17}, {5, 3, 64}}) {
+    const std::string name = "hc_head T" + std::to_string(T) + " hc" + std::to_string(hc) + " D" + std::to_string(D);
+    const HcWeights w = random_hc(name, hc, hc, D);
+    const std::vector<float> X = random_bf16(name + ".X", size_t(T * hc * D));
+    expect_twins_both(name, [&](Side& s) {
+      float* y = s.out(size_t(T * D));
+      s->hc_head(w.p, s.in(X), T, hc, D, 1e-6, 1e-6, y);
+      Outputs o;
+      o.add("y", s.read(y, size_t(T * D)));
+      return o;
+    });
+  }
+}
+
+}  // namespace dsv4::test
