@@ -10,6 +10,7 @@
 
 #include "cli/common.h"
 #include "core/error.h"
+#include "engine/device.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "tokenizer/chat_format.h"
@@ -33,6 +34,7 @@ struct ChatCliOptions {
   std::string tokenizer;
   std::string system;
   std::string numerics = "deepseek";
+  std::string device = "cpu";
   bool thinking = false;
   std::string effort;
   int64_t max_tokens = 256;
@@ -55,7 +57,7 @@ int run_chat(const ChatCliOptions& o) {
   if (tok.vocab_size() > c.vocab_size)
     fail(ErrorCode::invalid_input, "{}: vocabulary of {} tokens, the tokenizer has {}: not a chat model", o.model,
          c.vocab_size, tok.vocab_size());
-  engine::Engine eng(*model, make_cpu_backend(parse_numerics(o.numerics)));
+  engine::Engine eng(*model, engine::make_backend(o.device, parse_numerics(o.numerics)));
   engine::SequenceState seq = eng.new_sequence();
   engine::Sampler sampler(o.sampling);
   const bool tty = isatty(STDOUT_FILENO);
@@ -135,6 +137,7 @@ const bool registered = register_command({"chat", "Chat in the terminal (V4 prom
       app.add_option("--top-k", o->sampling.top_k)->capture_default_str();
       app.add_option("--seed", o->sampling.seed)->capture_default_str();
       app.add_option("--numerics", o->numerics, "deepseek | plain")->capture_default_str();
+      app.add_option("--device", o->device, "cpu | cuda")->capture_default_str();
       return [o] { return run_chat(*o); };
     }});
 

@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "cli/common.h"
+#include "engine/device.h"
 #include "engine/engine.h"
 #include "engine/memory_plan.h"
 #include "engine/sampler.h"
@@ -15,6 +16,7 @@ struct GenerateOptions {
   std::string model = default_model_dir();
   std::string prompt_ids;
   std::string numerics = "deepseek";
+  std::string device = "cpu";
   int64_t max_tokens = 16;
   int64_t chunk = 512;
   engine::SamplingParams sampling;
@@ -29,7 +31,7 @@ int run_generate(const GenerateOptions& o) {
              c.vocab_size, o.numerics);
   fmt::print(stderr, "{}", engine::plan_memory(c, model->checkpoint().total_bytes(), o.chunk)
                                .describe(int64_t(prompt.size()) + o.max_tokens));
-  engine::Engine eng(*model, make_cpu_backend(parse_numerics(o.numerics)));
+  engine::Engine eng(*model, engine::make_backend(o.device, parse_numerics(o.numerics)));
   engine::SequenceState seq = eng.new_sequence();
   engine::Sampler sampler(o.sampling);
 
@@ -70,6 +72,7 @@ const bool registered = register_command({"generate", "Generate tokens from a pr
       app.add_option("--top-k", o->sampling.top_k, "0 = no limit")->capture_default_str();
       app.add_option("--seed", o->sampling.seed)->capture_default_str();
       app.add_option("--numerics", o->numerics, "deepseek | plain")->capture_default_str();
+      app.add_option("--device", o->device, "cpu | cuda")->capture_default_str();
       app.add_option("--chunk", o->chunk, "prefill chunk size in tokens")->capture_default_str();
       app.add_flag("--quiet", o->quiet, "print only the timing");
       return [o] { return run_generate(*o); };

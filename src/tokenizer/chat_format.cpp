@@ -133,14 +133,16 @@ std::vector<Turn> merge_tool_messages(const std::vector<Message>& messages) {
       if (last_is_open_user()) {
         turns.back().blocks.push_back(std::move(b));
       } else {
-        Turn t{.role = "user"};
+        Turn t;
+        t.role = "user";
         t.blocks.push_back(std::move(b));
         t.has_blocks = true;
         turns.push_back(std::move(t));
       }
       continue;
     }
-    Turn t{.role = m.role};
+    Turn t;
+    t.role = m.role;
     if (m.role == "user") {
       Block b{false, content_text(m.content, "", false, where), {}};
       if (last_is_open_user() && !turns.back().task) {

@@ -1,0 +1,23 @@
+#include "engine/device.h"
+
+#include "core/error.h"
+#ifdef DSV4_HAVE_CUDA
+#include "backend/cuda/cuda.h"
+#endif
+
+namespace dsv4::engine {
+
+std::unique_ptr<Backend> make_backend(const std::string& device, Numerics numerics) {
+  if (device == "cpu") return make_cpu_backend(numerics);
+  if (device == "cuda") {
+#ifdef DSV4_HAVE_CUDA
+    if (cuda_device_count() == 0) fail(ErrorCode::unsupported, "--device cuda: no CUDA device on this machine");
+    return make_cuda_backend(numerics);
+#else
+    fail(ErrorCode::unsupported, "--device cuda: this dsv4 was built without CUDA (cmake -DDSV4_CUDA=ON)");
+#endif
+  }
+  fail(ErrorCode::invalid_input, "--device '{}': expected cpu or cuda", device);
+}
+
+}  // namespace dsv4::engine
