@@ -27,7 +27,9 @@ for target in fuzz_tokenizer fuzz_render fuzz_parser; do
   fi
   scratch=$(mktemp -d)
   echo "fuzz: $target for ${seconds}s"
-  if ! "$build/fuzz/$target" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
+  # A fixed seed (FUZZ_SEED, default 1) keeps CI runs repeatable; longer local runs with other
+  # seeds explore further.
+  if ! "$build/fuzz/$target" -seed="${FUZZ_SEED:-1}" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
        -artifact_prefix="$build/artifacts/$target-" "$scratch" "fuzz/corpus/${target#fuzz_}" 2>"$build/$target.log"; then
     echo "fuzz: $target FAILED; last lines of $build/$target.log:"
     tail -n 30 "$build/$target.log"
