@@ -18,7 +18,7 @@ void RowStore::append(const float* rows, int64_t n) {
 }
 
 static CompressorState make_compressor_state(Backend& b, const model::CompressorWeights& cw) {
-  const size_t n = size_t((cw.ratio == 4 ? 8 : cw.ratio) * cw.width());
+  const size_t n = size_t(cw.carry_rows() * cw.width());
   return {Buffer(b, n), Buffer(b, n)};
 }
 

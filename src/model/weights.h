@@ -47,6 +47,9 @@ struct CompressorWeights {  // §3.4.3
   int ratio = 0;
   int64_t dim = 0;  // d: head_dim (attention) or index_head_dim (indexer)
   int64_t width() const { return ratio == 4 ? 2 * dim : dim; }  // c·d
+  // Rows of the per-sequence fp32 carry (§4.2): the previous and the current window for the
+  // overlapping ratio 4, one window otherwise.
+  int64_t carry_rows() const { return ratio == 4 ? 8 : ratio; }
   Linear wkv, wgate;      // [c·d, D], computed in fp32
   std::vector<float> ape;  // [ratio, c·d]
   std::vector<float> norm;  // [d]

@@ -16,14 +16,8 @@
 
 namespace dsv4::cpu {
 
-namespace {
-
-int64_t carry_rows(int ratio) { return ratio == 4 ? 8 : ratio; }
-
-}  // namespace
-
 void CpuBackend::compressor_reset(const model::CompressorWeights& cw, CompressorCarry carry) {
-  const size_t n = size_t(carry_rows(cw.ratio) * cw.width());
+  const size_t n = size_t(cw.carry_rows() * cw.width());
   fill(carry.a, 0.0f, n);
   fill(carry.s, -INFINITY, n);
 }

@@ -79,7 +79,7 @@ __global__ void compressor_push_kernel(PushArgs k) {
 }  // namespace
 
 void CudaBackend::compressor_reset(const model::CompressorWeights& cw, CompressorCarry carry) {
-  const size_t n = size_t((cw.ratio == 4 ? 8 : cw.ratio) * cw.width());
+  const size_t n = size_t(cw.carry_rows() * cw.width());
   fill(carry.a, 0.0f, n);
   fill(carry.s, -INFINITY, n);
 }
