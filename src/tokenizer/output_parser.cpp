@@ -27,6 +27,15 @@ Scan starts_with(std::string_view buf, size_t pos, std::string_view literal, boo
 constexpr std::string_view kThinkStart = "<think>";
 constexpr std::string_view kThinkEnd = "</think>";
 constexpr std::string_view kStopTokens[] = {"<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"};
+// Whether a stop token starts at pos (partial: it may, once more text arrives); on full, `len` is
+// its length.
+Scan scan_stop(std::string_view buf, size_t pos, bool final, size_t& len) {
+  for (std::string_view stop : kStopTokens) {
+    Scan s = starts_with(buf, pos, stop, final);
+    if (s != Scan::none) return len = stop.size(), s;
+  }
+  return Scan::none;
+}
 constexpr std::string_view kDroppedTokens[] = {"<｜begin▁of▁sentence｜>", "<｜▁pad▁｜>", "｜DSML｜"};
 // Spellings of the DSML prefix seen in the wild (§4.4): the token, ASCII bars, first bar lost.
 constexpr std::string_view kDsmlPrefixes[] = {"｜DSML｜", "|DSML|", "DSML｜"};
@@ -271,13 +280,8 @@ size_t OutputParser::on_text_marker(size_t pos, bool final, bool& waiting) {
       warn("stray </think> in content dropped");
     return pos + kThinkEnd.size();
   }
-  for (std::string_view stop : kStopTokens) {
-    if (check(stop)) {
-      message_.ended_by_stop_token = true;
-      state_ = State::stopped;
-      return pos + stop.size();
-    }
-  }
+  for (std::string_view stop : kStopTokens)
+    if (check(stop)) return stop_at(pos + stop.size());
   for (std::string_view dropped : kDroppedTokens)
     if (check(dropped)) return warn("control token in text dropped"), pos + dropped.size();
   if (buf[pos] == '<') {
@@ -340,18 +344,19 @@ size_t OutputParser::step_text(size_t pos, bool final) {
   return next;
 }
 
+size_t OutputParser::stop_at(size_t end) {
+  message_.ended_by_stop_token = true;
+  state_ = State::stopped;
+  return end;
+}
+
 size_t OutputParser::step_block(size_t pos, bool final) {
   std::string_view buf = buffer_;
   if (is_space(buf[pos])) return pos + 1;
-  for (std::string_view stop : kStopTokens) {
-    Scan s = starts_with(buf, pos, stop, final);
-    if (s == Scan::partial) return pos;
-    if (s == Scan::full) {
-      message_.ended_by_stop_token = true;
-      state_ = State::stopped;
-      return pos + stop.size();
-    }
-  }
+  size_t stop_len = 0;
+  const Scan stop = scan_stop(buf, pos, final, stop_len);
+  if (stop == Scan::partial) return pos;
+  if (stop == Scan::full) return stop_at(pos + stop_len);
   if (buf[pos] == '<') {
     Tag tag;
     Scan s = scan_tag(buf, pos, final, tag);
@@ -374,16 +379,13 @@ size_t OutputParser::step_block(size_t pos, bool final) {
 
 size_t OutputParser::step_invoke(size_t pos, bool final) {
   std::string_view buf = buffer_;
-  for (std::string_view stop : kStopTokens) {
-    Scan s = starts_with(buf, pos, stop, final);
-    if (s == Scan::partial) return pos;
-    if (s == Scan::full) {
-      warn("tool call cut off by a stop token");
-      end_call();
-      message_.ended_by_stop_token = true;
-      state_ = State::stopped;
-      return pos + stop.size();
-    }
+  size_t stop_len = 0;
+  const Scan stop = scan_stop(buf, pos, final, stop_len);
+  if (stop == Scan::partial) return pos;
+  if (stop == Scan::full) {
+    warn("tool call cut off by a stop token");
+    end_call();
+    return stop_at(pos + stop_len);
   }
   if (buf[pos] == '<') {
     Tag tag;
@@ -426,11 +428,10 @@ size_t OutputParser::step_value(size_t pos, bool final) {
     return end;
   }
   // At '<': the end of the value is any DSML tag (normally </｜DSML｜parameter>) or a stop token.
-  for (std::string_view stop : kStopTokens) {
-    Scan s = starts_with(buf, pos, stop, final);
-    if (s == Scan::partial) return pos;
-    if (s == Scan::full) return end_value(), pos;  // the invoke state ends the call and stops
-  }
+  size_t stop_len = 0;
+  const Scan stop = scan_stop(buf, pos, final, stop_len);
+  if (stop == Scan::partial) return pos;
+  if (stop == Scan::full) return end_value(), pos;  // the invoke state ends the call and stops
   Tag tag;
   Scan s = scan_tag(buf, pos, final, tag);
   if (s == Scan::partial) return pos;

@@ -64,6 +64,7 @@ class OutputParser {
   enum class State { reasoning, content, block, invoke, value, after, stopped };
   size_t step(size_t pos, bool final);
   size_t step_text(size_t pos, bool final);
+  size_t stop_at(size_t end);  // a stop token ends the message at `end`
   size_t step_block(size_t pos, bool final);
   size_t step_invoke(size_t pos, bool final);
   size_t step_value(size_t pos, bool final);
