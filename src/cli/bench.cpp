@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -37,6 +38,7 @@ struct BenchOptions {
   int64_t decode_tokens = 32;
   int64_t chunk = 0;  // 0: the device's default
   std::string json;
+  bool profile = false;
   std::string commit = DSV4_COMMIT;
   double hbm_bytes_per_s = 4.8e12;  // H200 datasheet
   double fp8_flops = 1.979e15;      // H200 dense FP8 tensor-core datasheet peak
@@ -165,6 +167,8 @@ int run_bench(BenchOptions o) {
     double decode_tps = 0, bw = 0;
     if (std::find(contexts.begin(), contexts.end(), n) != contexts.end() && o.decode_tokens > 0) {
       int32_t next = argmax(logits);
+      // --profile: the CUDA backend's per-op table covers decode at the largest context only.
+      if (o.profile && n == *std::max_element(contexts.begin(), contexts.end())) setenv("DSV4_CUDA_PROFILE", "1", 1);
       t0 = std::chrono::steady_clock::now();
       for (int64_t i = 0; i < o.decode_tokens; ++i)
         next = argmax(eng.forward(seq, std::span<const int32_t>(&next, 1), false));
@@ -206,6 +210,9 @@ const bool registered = register_command({"bench", "Prefill and decode speed, by
       app.add_option("--decode-tokens", o->decode_tokens, "tokens decoded at each context")->capture_default_str();
       app.add_option("--chunk", o->chunk, "prefill chunk in tokens (default: 8 on cuda, 512 on cpu)");
       app.add_option("--json", o->json, "append one JSON line per measurement to this file");
+      app.add_flag("--profile", o->profile,
+                   "cuda: GPU time per op class while decoding at the largest context, printed at the end (each "
+                   "op is waited for: the tok/s of that context is then not a speed figure)");
       app.add_option("--commit", o->commit, "commit to record (default: the build's)")->capture_default_str();
       app.add_option("--hbm-bytes-per-s", o->hbm_bytes_per_s, "memory bandwidth the fraction is taken of")
           ->capture_default_str();

@@ -128,6 +128,7 @@ __global__ void hc_post_kernel(const float* a, const float* X, const float* post
 
 void CudaBackend::hc_pre(const model::HcParams& p, const float* X, int64_t T, int64_t hc, int64_t D,
                          int64_t sinkhorn_iters, double hc_eps, double norm_eps, float* u, float* post, float* comb) {
+  Timed timed(*this, "hc_pre");
   if (T == 0) return;
   const int64_t mix_n = p.fn.out;  // (2 + hc)·hc
   DSV4_CUDA_REQUIRE(hc <= kMaxHc && mix_n == (2 + hc) * hc && p.scale.size() >= 3 &&
@@ -143,6 +144,7 @@ void CudaBackend::hc_pre(const model::HcParams& p, const float* X, int64_t T, in
 
 void CudaBackend::hc_post(const float* a, const float* X, const float* post, const float* comb, int64_t T,
                           int64_t hc, int64_t D, float* X_out) {
+  Timed timed(*this, "hc_post");
   const int64_t n = T * hc * D;
   if (n == 0) return;
   hc_post_kernel<<<grid_for(n, 256), 256, 0, stream_>>>(a, X, post, comb, T, hc, D, deepseek(), X_out);
@@ -151,6 +153,7 @@ void CudaBackend::hc_post(const float* a, const float* X, const float* post, con
 
 void CudaBackend::hc_head(const model::HcParams& p, const float* X, int64_t T, int64_t hc, int64_t D, double hc_eps,
                           double norm_eps, float* y) {
+  Timed timed(*this, "hc_head");
   if (T == 0) return;
   DSV4_CUDA_REQUIRE(hc <= kMaxHc && p.fn.out == hc && !p.scale.empty() && int64_t(p.base.size()) >= hc,
                     "hc_head: hc ", hc, ", fn rows ", p.fn.out);

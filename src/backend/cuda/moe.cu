@@ -99,6 +99,7 @@ __global__ void moe_combine_kernel(const float* expert_out, const float* shared,
 
 void CudaBackend::route(const model::MoeWeights& m, const float* x, const int32_t* tokens, int64_t T, int64_t D,
                         int64_t k, double routed_scale, int32_t* sel, float* weights) {
+  Timed timed(*this, "route");
   if (T == 0) return;
   const int64_t E = m.gate.out;
   const bool hash = !m.tid2eid.empty();
@@ -133,6 +134,10 @@ void CudaBackend::moe(const model::MoeWeights& m, const float* x, const int32_t*
   const int64_t E = int64_t(m.experts.size());
   DSV4_CUDA_REQUIRE(E > 0 && k > 0 && k <= kMaxExpertsPerToken, "moe: ", E, " experts, k ", k);
   const int64_t F = m.experts[0].w1.out;
+  auto ffn_bytes = [](const model::ExpertWeights& e) { return double(e.w1.bytes() + e.w2.bytes() + e.w3.bytes()); };
+  // Weights read: the selected experts (all distinct when T·k ≤ E, as in decode) and the shared one.
+  Timed timed(*this, "moe", {},
+              double(std::min(T * k, E)) * ffn_bytes(m.experts[0]) + (m.shared ? ffn_bytes(*m.shared) : 0.0));
   for (const model::ExpertWeights& e : m.experts)
     DSV4_CUDA_REQUIRE(e.w1.out == F && e.w3.out == F && e.w2.out == D && e.w1.in == D && e.w2.in == F,
                       "moe: expert ", e.w1.name, " shapes differ from the first expert's");
