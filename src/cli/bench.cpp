@@ -39,6 +39,7 @@ struct BenchOptions {
   int64_t chunk = 0;  // 0: the device's default
   std::string json;
   bool profile = false;
+  bool kernels = false;
   std::string commit = DSV4_COMMIT;
   double hbm_bytes_per_s = 4.8e12;  // H200 datasheet
   double fp8_flops = 1.979e15;      // H200 dense FP8 tensor-core datasheet peak
@@ -100,6 +101,58 @@ int32_t argmax(const std::vector<float>& logits) {
   return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
+// --kernels: the decode GEMV alone, on one large matrix per weight format (random codes), at
+// T = 1: many products queued back to back, so the GPU never waits for the host, and the
+// bytes of weights read per second against the memory bandwidth.
+void bench_kernels(engine::Engine& eng, const model::Linear& embed, const BenchOptions& o,
+                   std::vector<nlohmann::ordered_json>& rows) {
+  Backend& b = eng.backend();
+  const int64_t K = embed.in, reps = 50;
+  std::mt19937_64 rng(o.seed);
+  Buffer x(b, size_t(K)), y(b, size_t(65536));
+  IdBuffer id(b, 1);
+  const int32_t token = 7;
+  b.ids_from_host(id.get(), &token, 1);
+  b.embed(embed, id.get(), 1, 1, x.get());  // a realistic bf16 activation row
+  struct Case {
+    const char* what;
+    model::WeightFormat format;
+    Compute compute;
+    int64_t out;
+  };
+  for (const Case& c : {Case{"fp8 quantized", model::WeightFormat::fp8, Compute::quantized, 32768},
+                        Case{"fp4 quantized", model::WeightFormat::fp4, Compute::quantized, 65536},
+                        Case{"bf16 f32", model::WeightFormat::bf16, Compute::f32, 32768}}) {
+    model::Linear W;
+    W.name = c.what, W.format = c.format, W.out = c.out, W.in = K;
+    const bool fp4 = c.format == model::WeightFormat::fp4, quant = c.format != model::WeightFormat::bf16;
+    std::vector<uint8_t> data(size_t(fp4 ? c.out * K / 2 : quant ? c.out * K : 2 * c.out * K));
+    // Random codes; FP8 without the NaN code 0x7f, bf16 without huge exponents.
+    const uint8_t mask = c.format == model::WeightFormat::fp8 ? 0xfe : fp4 ? 0xff : 0xbf;
+    for (uint8_t& v : data) v = uint8_t(rng()) & mask;
+    std::vector<uint8_t> scale;
+    if (quant) {
+      W.scale_cols = fp4 ? K / 32 : (K + 127) / 128;
+      scale.assign(size_t((fp4 ? c.out : (c.out + 127) / 128) * W.scale_cols), uint8_t(120));
+      W.scale = scale.data();
+    }
+    W.data = data.data();
+    std::vector<float> sink(1);
+    b.linear(W, c.compute, x.get(), 1, y.get());  // uploads the matrix
+    b.to_host(sink.data(), y.get(), 1);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < reps; ++i) b.linear(W, c.compute, x.get(), 1, y.get());
+    b.to_host(sink.data(), y.get(), 1);
+    const double s = seconds_since(t0);
+    const double bw = double(W.bytes()) * double(reps) / s;
+    fmt::print("kernel {:<14} {:>6}x{:<5} {:>7.1f} MB  {:>7.1f} us/product  {:>6.0f} GB/s  HBM frac {:.3f}\n", c.what,
+               c.out, K, double(W.bytes()) / 1e6, 1e6 * s / double(reps), bw / 1e9, bw / o.hbm_bytes_per_s);
+    rows.push_back({{"phase", "kernel"}, {"kernel", c.what}, {"rows", c.out}, {"cols", K}, {"tokens", 1},
+                    {"weight_bytes", W.bytes()}, {"seconds_per_product", s / double(reps)}, {"bytes_per_s", bw},
+                    {"hbm_bytes_per_s", o.hbm_bytes_per_s}, {"hbm_fraction", bw / o.hbm_bytes_per_s}});
+  }
+}
+
 int run_bench(BenchOptions o) {
   if (o.model.empty() == o.synthetic.empty())
     fail(ErrorCode::invalid_input, "bench: give exactly one of --model DIR and --synthetic v4-flash|v4-pro");
@@ -145,6 +198,12 @@ int run_bench(BenchOptions o) {
     full.update(row);
     rows.push_back(full);
   };
+
+  if (o.kernels) {
+    std::vector<nlohmann::ordered_json> kernel_rows;
+    bench_kernels(eng, model->weights().embed, o, kernel_rows);
+    for (auto& row : kernel_rows) report(row);
+  }
 
   std::vector<int64_t> lengths = prompt_lens;
   lengths.insert(lengths.end(), contexts.begin(), contexts.end());
@@ -213,6 +272,7 @@ const bool registered = register_command({"bench", "Prefill and decode speed, by
       app.add_flag("--profile", o->profile,
                    "cuda: GPU time per op class while decoding at the largest context, printed at the end (each "
                    "op is waited for: the tok/s of that context is then not a speed figure)");
+      app.add_flag("--kernels", o->kernels, "also time the decode GEMV alone on one large FP8, FP4 and BF16 matrix");
       app.add_option("--commit", o->commit, "commit to record (default: the build's)")->capture_default_str();
       app.add_option("--hbm-bytes-per-s", o->hbm_bytes_per_s, "memory bandwidth the fraction is taken of")
           ->capture_default_str();

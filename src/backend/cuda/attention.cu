@@ -11,8 +11,10 @@
 // row it attends live in shared memory (so the row count is bounded by shared memory: ~50K rows
 // on Hopper). Phase 1 lists the compressed rows (a warp compacts the indexer's selection with
 // ballots, keeping its order); phase 2 has one warp per row for the dot product (double, shuffle
-// reduction); phase 3 the max and exponentials block-wide; phase 4 one thread per output dim
-// sums P·V over the rows in the CPU's order (window oldest first, then compressed rows).
+// reduction); phase 3 the max and exponentials block-wide; phase 4 sums P·V in double: warp w
+// takes every 8th row, each lane 16 dims (so each row is one coalesced read with many loads in
+// flight; one thread per dim walking all rows was latency-bound), and the 8 partial sums are
+// added in warp order. Double sums in another order than the CPU's (device_math.cuh).
 #include <algorithm>
 #include <cmath>
 
@@ -24,6 +26,8 @@ namespace dsv4::cuda {
 namespace {
 
 constexpr int kAttnThreads = 256;
+constexpr int kAttnWarps = kAttnThreads / 32;
+constexpr int kMaxHeadDim = 512;  // phase 4 keeps hd/32 double sums per lane in registers
 
 __global__ void swa_gather_kernel(const float* ring, int64_t window, int64_t width, int64_t pos_begin, float* dst) {
   const int64_t p = pos_begin + blockIdx.x;
@@ -53,13 +57,14 @@ struct AttnArgs {
 };
 
 __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a) {
-  extern __shared__ float smem[];
+  extern __shared__ double smem[];
   __shared__ float fscratch[32];
   __shared__ double dscratch[32];
   __shared__ int64_t n_comp_s;
   const int64_t t = blockIdx.x, h = blockIdx.y, hd = a.hd, pos = a.p0 + t;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
-  float* qs = smem;                                          // [hd]
+  double* part = smem;                                       // [warps][hd] phase 4 partial sums
+  float* qs = reinterpret_cast<float*>(part + kAttnWarps * hd);  // [hd]
   float* p = qs + hd;                                        // [n_max] logits, then probabilities
   int32_t* comp_rows = reinterpret_cast<int32_t*>(p + a.n_max);  // [k] selected compressed rows
 
@@ -112,11 +117,23 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a) {
   }
   den = block_sum(den, dscratch) + exp_f(a.sinks[h] - mx);
 
-  // Phase 4: P·V, one thread per output dim, rows in order.
+  // Phase 4: P·V (see the top).
+  double acc[kMaxHeadDim / 32] = {};
+  for (int64_t j = warp; j < n; j += n_warps) {
+    const float* r = row(j);
+    const double pj = p[j];
+#pragma unroll
+    for (int i = 0; i < kMaxHeadDim / 32; ++i)
+      if (32 * i + lane < hd) acc[i] += pj * double(r[32 * i + lane]);
+  }
+#pragma unroll
+  for (int i = 0; i < kMaxHeadDim / 32; ++i)
+    if (32 * i + lane < hd) part[warp * hd + 32 * i + lane] = acc[i];
+  __syncthreads();
   for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
-    double acc = 0.0;
-    for (int64_t j = 0; j < n; ++j) acc += double(p[j]) * double(row(j)[d]);
-    a.out[(t * a.H + h) * hd + d] = round_if(a.bf16, float(acc) / float(den));
+    double sum = 0.0;
+    for (int w = 0; w < n_warps; ++w) sum += part[w * hd + d];
+    a.out[(t * a.H + h) * hd + d] = round_if(a.bf16, float(sum) / float(den));
   }
 }
 
@@ -152,7 +169,9 @@ void CudaBackend::attention(const float* q, int64_t T, int64_t H, int64_t hd, in
   else if (comp.ratio > 0)
     n_comp_max = std::min(comp.n, (p0 + T) / comp.ratio);
   const int64_t n_max = std::min(swa.window, p0 + T) + n_comp_max;
-  const size_t smem = size_t(hd + n_max) * sizeof(float) + (comp.idx ? size_t(comp.k) * sizeof(int32_t) : 0);
+  DSV4_CUDA_REQUIRE(hd <= kMaxHeadDim, "attention: head dim ", hd, " above ", kMaxHeadDim);
+  const size_t smem = size_t(kAttnWarps * hd) * sizeof(double) + size_t(hd + n_max) * sizeof(float) +
+                      (comp.idx ? size_t(comp.k) * sizeof(int32_t) : 0);
   int device = 0, smem_limit = 0;
   DSV4_CUDA_CHECK(cudaGetDevice(&device));
   DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&smem_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
