@@ -29,6 +29,9 @@ expect generate_greedy_is_deterministic 0 "" -- bash -c "[ \"\$('$dsv4' generate
 echo '{"tokens": [0, 1, 2, 3]}' > "$tmp/t.json"
 expect logits 0 "4 x 256 float32" -- "$dsv4" logits --model "$model" --input "$tmp/t.json" --output "$tmp/l.bin"
 expect logits_size 0 "" -- test "$(stat -c %s "$tmp/l.bin")" -eq $((4 * 256 * 4))
+expect bench 0 "context  prefill t/s" -- "$dsv4" bench --model "$model" --prompt-lens 8 --contexts 16 --decode-tokens 2 --json "$tmp/b.jsonl"
+expect bench_json_lines 0 "" -- test "$(grep -c '"phase":' "$tmp/b.jsonl")" -eq 2
+expect bench_needs_one_model 2 "exactly one of --model" -- "$dsv4" bench --model "$model" --synthetic v4-flash
 
 expect missing_folder 3 "not a checkpoint folder" -- "$dsv4" inspect --model "$tmp/nope"
 expect token_out_of_vocab 2 "token 300 at position 1: outside the vocabulary" -- "$dsv4" generate --model "$model" --prompt-ids "1, 300"

@@ -2,6 +2,7 @@
 // that bind cleanly and are deterministic.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -47,6 +48,23 @@ TEST(Synthetic, BindsAndIsDeterministic) {
   EXPECT_NO_THROW(bind_weights(ck, c));
   for (const char* f : {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"})
     EXPECT_EQ(read_file(a + "/" + f), read_file(b + "/" + f)) << f;
+}
+
+// The in-memory checkpoint of `dsv4 bench --synthetic` holds exactly the bytes `dsv4 synth` writes.
+TEST(Synthetic, InMemoryEqualsTheWrittenFiles) {
+  const std::string dir = test::temp_dir("synth_mem");
+  const std::string config = with_layers(preset_config("tiny-chat"), 2);
+  write_synthetic_checkpoint(config, 3, dir, 1);
+  const Checkpoint files = Checkpoint::open(dir);
+  const Checkpoint memory = synthetic_checkpoint(config, 3);
+  ASSERT_EQ(files.tensors().size(), memory.tensors().size());
+  for (const auto& [name, t] : files.tensors()) {
+    const TensorInfo* m = memory.find(name);
+    ASSERT_NE(m, nullptr) << name;
+    ASSERT_EQ(m->nbytes, t.nbytes) << name;
+    EXPECT_EQ(std::memcmp(m->data, t.data, t.nbytes), 0) << name;
+  }
+  EXPECT_NO_THROW(bind_weights(memory, parse_config(config, "synthetic")));
 }
 
 }  // namespace dsv4::model
