@@ -14,42 +14,18 @@
 // in registers.
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/gemm_dmma.h"
 #include "backend/cuda/quant.cuh"
+#include "backend/cuda/weight_access.cuh"
 
 namespace dsv4::cuda {
 
 namespace {
 
 constexpr int kGemmWarps = 8;
-constexpr int kFp8 = int(model::WeightFormat::fp8), kFp4 = int(model::WeightFormat::fp4),
-              kBf16 = int(model::WeightFormat::bf16);
-
-// The stored value of W[o, i] without its block scale (e4m3 / e2m1 / bf16 / f32).
-__device__ inline float stored_value(const LinearView& W, int64_t o, int64_t i) {
-  switch (W.format) {
-    case kFp8: return e4m3_to_f32(W.data[o * W.in + i]);
-    case kFp4: {
-      const uint8_t byte = W.data[o * (W.in / 2) + i / 2];
-      return e2m1_to_f32((i & 1) ? byte >> 4 : byte & 0xf);  // low nibble = even element (§2.2)
-    }
-    case kBf16: return bf16_to_f32(reinterpret_cast<const uint16_t*>(W.data)[o * W.in + i]);
-    default: return reinterpret_cast<const float*>(W.data)[o * W.in + i];
-  }
-}
-
-// The scale of the block holding W[o, i] (FP8: 128×128 blocks; FP4: 1×32).
-__device__ inline float block_scale(const LinearView& W, int64_t o, int64_t i) {
-  const int64_t r = W.format == kFp8 ? o / 128 : o;
-  const int64_t c = W.format == kFp8 ? i / 128 : i / 32;
-  if (W.scale_is_f32) return reinterpret_cast<const float*>(W.scale)[r * W.scale_cols + c];
-  return e8m0_to_f32(W.scale[r * W.scale_cols + c]);
-}
-
-// The dequantized weight, as the CPU's decode_row(scaled = true): value · scale in fp32.
-__device__ inline float dequantized(const LinearView& W, int64_t o, int64_t i) {
-  const float v = stored_value(W, o, i);
-  return (W.format == kFp8 || W.format == kFp4) ? v * block_scale(W, o, i) : v;
-}
+// From this many rows on, products run on the FP64 tensor cores (gemm_dmma.cu): their weights are
+// then read once per 64 rows instead of once per row.
+constexpr int64_t kDmmaMinRows = 32;
 
 // Phase 1: ActQuantFP8 of each 128-block of each source row. Grid (rows, K blocks), 128 threads,
 // one element each; the block's amax by a block-wide fmax.
@@ -150,6 +126,12 @@ void CudaBackend::gemm(const GemmRequest& r) {
     DSV4_CUDA_LAUNCHED("linear (activation quantization)");
     a.qx = qx.get();
     a.sx = sx.get();
+  }
+  if (r.T >= kDmmaMinRows) {
+    DmmaProblem p{W, r.table, r.view_of_row, r.n_views, r.x, r.x_stride, r.x_div, a.qx, a.sx, K, r.T,
+                  r.y, r.y_stride, r.row0, r.rows, tiled, a.round_out};
+    dmma_gemm(p, stream_);
+    return;
   }
   const dim3 grid(unsigned(r.T), unsigned((r.rows + kGemmWarps - 1) / kGemmWarps));
   linear_kernel<<<grid, kGemmWarps * 32, 0, stream_>>>(a);
