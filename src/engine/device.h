@@ -12,4 +12,8 @@ namespace dsv4::engine {
 // otherwise.
 std::unique_ptr<Backend> make_backend(const std::string& device, Numerics numerics);
 
+// The hardware behind a device, for benchmark records: the GPU's name, or the CPU model and
+// its thread count.
+std::string device_name(const std::string& device);
+
 }  // namespace dsv4::engine

@@ -21,6 +21,7 @@ namespace dsv4::engine {
 class Model {
  public:
   static std::unique_ptr<Model> load(const std::string& dir);
+  static std::unique_ptr<Model> from_checkpoint(model::ModelConfig config, model::Checkpoint checkpoint);
   const model::ModelConfig& config() const { return config_; }
   const model::Checkpoint& checkpoint() const { return checkpoint_; }
   const model::Weights& weights() const { return weights_; }

@@ -233,6 +233,19 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
   if (!f) fail(ErrorCode::invalid_input, "{}: write failed", path);
 }
 
+Checkpoint Checkpoint::from_memory(std::string dir, std::vector<TensorInfo> tensors,
+                                   std::shared_ptr<const uint8_t[]> storage) {
+  Checkpoint ck;
+  ck.dir_ = std::move(dir);
+  ck.memory_ = std::move(storage);
+  for (TensorInfo& t : tensors) {
+    if (ck.tensors_.count(t.name)) fail(ErrorCode::internal, "{}: tensor {} given twice", ck.dir_, t.name);
+    std::string name = t.name;
+    ck.tensors_.emplace(std::move(name), std::move(t));
+  }
+  return ck;
+}
+
 const TensorInfo* Checkpoint::find(const std::string& name) const {
   auto it = tensors_.find(name);
   return it == tensors_.end() ? nullptr : &it->second;

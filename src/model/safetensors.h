@@ -66,6 +66,10 @@ class Checkpoint {
   // Opens DIR (index or single file). Throws dsv4::Error naming the file/tensor on bad input.
   static Checkpoint open(const std::string& dir);
 
+  // Tensors already in host memory (synthetic weights): `tensors` point into `storage`, which the
+  // checkpoint keeps alive. `dir` names it in messages.
+  static Checkpoint from_memory(std::string dir, std::vector<TensorInfo> tensors, std::shared_ptr<const uint8_t[]> storage);
+
   const TensorInfo* find(const std::string& name) const;
   const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
   size_t total_bytes() const;
@@ -76,6 +80,7 @@ class Checkpoint {
 
   std::string dir_;
   std::vector<std::unique_ptr<MappedFile>> files_;
+  std::shared_ptr<const uint8_t[]> memory_;  // from_memory's storage
   std::map<std::string, TensorInfo> tensors_;
 };
 

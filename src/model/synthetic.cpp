@@ -6,10 +6,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
-#include <random>
 
 #include "core/error.h"
 #include "core/formats.h"
+#include "core/parallel.h"
 #include "model/config.h"
 #include "model/weights.h"
 
@@ -95,24 +95,68 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// Stateless randomness: draw i of a tensor is mix(key + i), so any split of the work over threads
+// gives the same bytes (splitmix64's finaliser).
+uint64_t mix(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// N(0, 1) by table: entry u is the normal quantile at (u + ½) / 65536, so a uniform 16-bit draw
+// indexes a normal sample. Quantiles by bisection on erfc: portable, unlike std::normal_distribution.
+const std::vector<float>& normal_table() {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(65536);
+    for (size_t u = 0; u < t.size(); ++u) {
+      const double p = (double(u) + 0.5) / 65536.0;
+      double lo = -10, hi = 10;
+      for (int it = 0; it < 60; ++it) {
+        const double mid = 0.5 * (lo + hi);
+        (0.5 * std::erfc(-mid / std::sqrt(2.0)) < p ? lo : hi) = mid;
+      }
+      t[u] = float(0.5 * (lo + hi));
+    }
+    return t;
+  }();
+  return table;
+}
+
+// The e4m3 / e2m1 code of every entry of normal_table() times `spread`, clamped to the format.
+std::vector<uint8_t> code_table(bool fp4, float spread) {
+  std::vector<uint8_t> t(65536);
+  for (size_t u = 0; u < t.size(); ++u) {
+    const float v = normal_table()[u] * spread;
+    t[u] = fp4 ? f32_to_e2m1(std::fmax(std::fmin(v, 6.0f), -6.0f)) : f32_to_e4m3(std::fmax(std::fmin(v, 448.0f), -448.0f));
+  }
+  return t;
+}
+
 // Fills one tensor with values of the right kind for its role. Quantized weights draw their
 // codes and their block scales independently, with scales chosen so that W ≈ N(0, 1/in).
+// Multithreaded over elements (each element's draw depends only on the seed, the name and its index).
 void fill_tensor(const TensorSpec& spec, uint64_t seed, int64_t n_experts, uint8_t* dst, size_t nbytes) {
-  std::mt19937_64 rng(seed ^ fnv1a(spec.name));
-  std::normal_distribution<float> normal(0.0f, 1.0f);
+  static const std::vector<uint8_t> e4m3_codes = code_table(false, 16.0f);  // N(0, 16²) over the e4m3 range
+  static const std::vector<uint8_t> e2m1_codes = code_table(true, 2.0f);    // N(0, 2²)
+  const std::vector<float>& normal = normal_table();
+  const uint64_t key = mix(seed ^ fnv1a(spec.name));
   const int64_t rows = spec.shape.empty() ? 1 : spec.shape[0];
   const int64_t n = int64_t(nbytes / dtype_size(spec.dtype));
   const int64_t cols = n / std::max<int64_t>(rows, 1);
   const std::string& name = spec.name;
+  constexpr int64_t kChunk = int64_t(1) << 16;
+  auto each = [&](auto&& body) {  // body(i, r): element i with its random 64 bits r
+    parallel_for((n + kChunk - 1) / kChunk, [&](int64_t c) {
+      for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) body(i, mix(key + uint64_t(i)));
+    });
+  };
   switch (spec.dtype) {
-    case DType::F8_E4M3:  // codes of N(0, 16²): a spread over the e4m3 range
-      for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_e4m3(std::fmax(std::fmin(normal(rng) * 16.0f, 448.0f), -448.0f));
+    case DType::F8_E4M3:
+      each([&](int64_t i, uint64_t r) { dst[i] = e4m3_codes[r & 0xffff]; });
       return;
-    case DType::I8:  // packed e2m1 pairs of N(0, 2²)
-      for (int64_t i = 0; i < n; ++i) {
-        auto code = [&] { return f32_to_e2m1(std::fmax(std::fmin(normal(rng) * 2.0f, 6.0f), -6.0f)); };
-        dst[i] = uint8_t(code() | (code() << 4));
-      }
+    case DType::I8:  // packed e2m1 pairs, low nibble first
+      each([&](int64_t i, uint64_t r) { dst[i] = uint8_t(e2m1_codes[r & 0xffff] | (e2m1_codes[(r >> 16) & 0xffff] << 4)); });
       return;
     case DType::F8_E8M0: {
       // The matching weight's K width: FP8 scale columns cover 128, FP4 scale columns 32.
@@ -121,8 +165,8 @@ void fill_tensor(const TensorSpec& spec, uint64_t seed, int64_t n_experts, uint8
       const double k = double(cols) * (fp4 ? 32.0 : 128.0);
       const double code_std = fp4 ? 2.0 : 16.0;
       const int base = int(std::lround(std::log2(1.0 / (code_std * std::sqrt(k)))));
-      std::uniform_int_distribution<int> jitter(-1, 1);  // scales vary from block to block
-      for (int64_t i = 0; i < n; ++i) dst[i] = uint8_t(127 + base + jitter(rng));
+      // Scales vary from block to block by a factor of two either way.
+      each([&](int64_t i, uint64_t r) { dst[i] = uint8_t(127 + base + int(r % 3) - 1); });
       return;
     }
     case DType::BF16:
@@ -134,33 +178,40 @@ void fill_tensor(const TensorSpec& spec, uint64_t seed, int64_t n_experts, uint8
       if (ends_with(name, "ape")) scale = 0.5f;
       if (ends_with(name, "gate.bias")) scale = 0.1f;
       const bool ones = ends_with(name, "_scale");
-      for (int64_t i = 0; i < n; ++i) {
-        const float v = ones ? 1.0f : mean + scale * normal(rng);
-        if (spec.dtype == DType::F32) {
+      const bool f32 = spec.dtype == DType::F32;
+      each([&](int64_t i, uint64_t r) {
+        const float v = ones ? 1.0f : mean + scale * normal[r & 0xffff];
+        if (f32) {
           std::memcpy(dst + 4 * i, &v, 4);
         } else {
           const uint16_t h = f32_to_bf16(v);
           std::memcpy(dst + 2 * i, &h, 2);
         }
-      }
+      });
       return;
     }
     case DType::I64: {  // tid2eid: k distinct experts per token (a partial Fisher–Yates shuffle)
       const int64_t k = spec.shape[1];
-      std::vector<int64_t> perm(static_cast<size_t>(n_experts));
-      for (int64_t r = 0; r < rows; ++r) {
+      parallel_for(rows, [&](int64_t row) {
+        std::vector<int64_t> perm(static_cast<size_t>(n_experts));
         std::iota(perm.begin(), perm.end(), 0);
         for (int64_t i = 0; i < k; ++i) {
-          std::uniform_int_distribution<int64_t> pick(i, n_experts - 1);
-          std::swap(perm[size_t(i)], perm[size_t(pick(rng))]);
-          std::memcpy(dst + 8 * (r * k + i), &perm[size_t(i)], 8);
+          const int64_t j = i + int64_t(mix(key + uint64_t(row * k + i)) % uint64_t(n_experts - i));
+          std::swap(perm[size_t(i)], perm[size_t(j)]);
+          std::memcpy(dst + 8 * (row * k + i), &perm[size_t(i)], 8);
         }
-      }
+      });
       return;
     }
     default:
       fail(ErrorCode::internal, "synthetic: no generator for {} ({})", name, to_string(spec.dtype));
   }
+}
+
+size_t tensor_bytes(const TensorSpec& s) {
+  size_t n = dtype_size(s.dtype);
+  for (int64_t d : s.shape) n *= size_t(d);
+  return n;
 }
 
 }  // namespace
@@ -196,10 +247,8 @@ void write_synthetic_checkpoint(const std::string& config_text, uint64_t seed, c
   size_t total = 0;
   std::vector<size_t> sizes;
   for (const TensorSpec& s : specs) {
-    size_t n = dtype_size(s.dtype);
-    for (int64_t d : s.shape) n *= size_t(d);
-    sizes.push_back(n);
-    total += n;
+    sizes.push_back(tensor_bytes(s));
+    total += sizes.back();
   }
   n_shards = std::max(1, n_shards);
   ordered_json weight_map = ordered_json::object();
@@ -226,6 +275,27 @@ void write_synthetic_checkpoint(const std::string& config_text, uint64_t seed, c
     ordered_json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
     std::ofstream(dir + "/model.safetensors.index.json") << index.dump(1) << "\n";
   }
+}
+
+Checkpoint synthetic_checkpoint(const std::string& config_text, uint64_t seed) {
+  const ModelConfig config = parse_config(config_text, "synthetic");
+  const std::vector<TensorSpec> specs = expected_tensors(config);
+  constexpr size_t kAlign = 256;  // every tensor starts aligned, as a device copy would
+  size_t total = 0;
+  for (const TensorSpec& s : specs) total += (tensor_bytes(s) + kAlign - 1) / kAlign * kAlign;
+  std::shared_ptr<uint8_t[]> storage(new (std::align_val_t(kAlign)) uint8_t[total],
+                                     [](uint8_t* p) { ::operator delete[](p, std::align_val_t(kAlign)); });
+  std::vector<TensorInfo> tensors;
+  size_t offset = 0;
+  for (const TensorSpec& s : specs) {
+    TensorInfo t;
+    t.name = s.name, t.dtype = s.dtype, t.shape = s.shape, t.nbytes = tensor_bytes(s);
+    t.data = storage.get() + offset, t.file = "synthetic";
+    fill_tensor(s, seed, config.n_routed_experts, storage.get() + offset, t.nbytes);
+    offset += (t.nbytes + kAlign - 1) / kAlign * kAlign;
+    tensors.push_back(std::move(t));
+  }
+  return Checkpoint::from_memory("synthetic", std::move(tensors), std::move(storage));
 }
 
 }  // namespace dsv4::model

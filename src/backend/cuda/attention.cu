@@ -124,12 +124,14 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a) {
 
 void CudaBackend::swa_gather(const float* ring, int64_t window, int64_t width, int64_t pos_begin, int64_t pos_end,
                              float* dst) {
+  Timed timed(*this, "swa_gather");
   if (pos_end <= pos_begin) return;
   swa_gather_kernel<<<unsigned(pos_end - pos_begin), 128, 0, stream_>>>(ring, window, width, pos_begin, dst);
   DSV4_CUDA_LAUNCHED("swa_gather");
 }
 
 void CudaBackend::swa_store(float* ring, int64_t window, int64_t width, const float* rows, int64_t pos0, int64_t n) {
+  Timed timed(*this, "swa_store");
   const int64_t first = std::max<int64_t>(0, n - window);
   if (n <= first) return;
   swa_store_kernel<<<unsigned(n - first), 128, 0, stream_>>>(ring, window, width, rows, pos0, first);
@@ -138,6 +140,7 @@ void CudaBackend::swa_store(float* ring, int64_t window, int64_t width, const fl
 
 void CudaBackend::attention(const float* q, int64_t T, int64_t H, int64_t hd, int64_t p0, const SwaRows& swa,
                             const CompressedRows& comp, const float* sinks, float softmax_scale, float* out) {
+  Timed timed(*this, "attention");
   DSV4_CUDA_REQUIRE(swa.first_pos <= std::max<int64_t>(0, p0 - swa.window + 1) && swa.first_pos + swa.n >= p0 + T,
                     "window rows [", swa.first_pos, ", ", swa.first_pos + swa.n, ") do not cover queries [", p0, ", ",
                     p0 + T, ")");

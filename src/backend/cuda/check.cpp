@@ -30,4 +30,13 @@ int cuda_device_count() {
   return n;
 }
 
+std::string cuda_device_name() {
+  int device = 0;
+  cudaDeviceProp prop{};
+  if (cuda_device_count() == 0 || cudaGetDevice(&device) != cudaSuccess ||
+      cudaGetDeviceProperties(&prop, device) != cudaSuccess)
+    return "";
+  return prop.name;
+}
+
 }  // namespace dsv4

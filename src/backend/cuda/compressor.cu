@@ -79,6 +79,7 @@ __global__ void compressor_push_kernel(PushArgs k) {
 }  // namespace
 
 void CudaBackend::compressor_reset(const model::CompressorWeights& cw, CompressorCarry carry) {
+  Timed timed(*this, "compressor_reset");
   const size_t n = size_t(cw.carry_rows() * cw.width());
   fill(carry.a, 0.0f, n);
   fill(carry.s, -INFINITY, n);
@@ -86,6 +87,7 @@ void CudaBackend::compressor_reset(const model::CompressorWeights& cw, Compresso
 
 int64_t CudaBackend::compressor_push(const model::CompressorWeights& cw, CompressorCarry carry, const float* a,
                                      const float* s, int64_t p0, int64_t T, float* pooled) {
+  Timed timed(*this, "compressor_push");
   const int64_t r = cw.ratio;
   DSV4_CUDA_REQUIRE(r > 0 && int64_t(cw.ape.size()) == r * cw.width(), "compressor_push: ratio ", r, ", ape ",
                     cw.ape.size(), ", width ", cw.width());

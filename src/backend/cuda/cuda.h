@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "backend/backend.h"
 
@@ -14,5 +15,8 @@ std::unique_ptr<Backend> make_cuda_backend(Numerics numerics);
 // The number of usable CUDA devices: 0 when there is no GPU or no driver. Never throws, so tests
 // can ask it and skip.
 int cuda_device_count();
+
+// The name of the current CUDA device ("NVIDIA H200"); empty when there is none.
+std::string cuda_device_name();
 
 }  // namespace dsv4

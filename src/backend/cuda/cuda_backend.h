@@ -18,6 +18,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <map>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -125,6 +127,38 @@ class CudaBackend final : public Backend {
  private:
   bool deepseek() const { return numerics() == Numerics::deepseek; }
 
+  // ---- per-op GPU time (profile.cpp) ----
+  // With DSV4_CUDA_PROFILE=1 every public op is fenced by two events and waited for, and its GPU
+  // time is summed per op class (linear: per weight name without the layer index, with the
+  // bytes of weights it read); the table goes to stderr when the backend is destroyed. Waiting
+  // slows the run, so time with it off. Nested ops (route's linear) count in the outer one only;
+  // calls that uploaded weights (first use) are left out. The variable is read again at every
+  // to_host, so a caller can profile only the passes it wants (dsv4 bench: decode).
+  class Timed {
+   public:
+    Timed(CudaBackend& b, const char* op, const std::string& detail = {}, double bytes = 0);
+    ~Timed();
+    Timed(const Timed&) = delete;
+    Timed& operator=(const Timed&) = delete;
+
+   private:
+    CudaBackend& b_;
+    std::string name_;
+    double bytes_;
+    bool active_;
+    size_t uploads_before_;
+  };
+  struct OpStat {
+    double ms = 0, bytes = 0;
+    int64_t calls = 0;
+  };
+  static bool profile_requested();
+  void print_profile() const;
+  bool profile_ = false;
+  int profile_depth_ = 0;
+  cudaEvent_t profile_events_[2] = {};
+  std::map<std::string, OpStat> profile_stats_;
+
   // ---- weights on the device (memory.cu) ----
   // The device copy of `bytes` bytes of host memory at `host`, uploaded on first use.
   const void* upload(const void* host, size_t bytes);
@@ -136,6 +170,11 @@ class CudaBackend final : public Backend {
 
   // ---- shared GEMM entry (gemm.cu), used by linear, hc and moe ----
   void gemm(const GemmRequest& r);
+  // The quantized activations of the GEMM in flight: one buffer, grown on demand and reused by
+  // every GEMM (they run in stream order), instead of two allocations and frees per product.
+  float* gemm_scratch(size_t n_floats);
+  float* gemm_scratch_ = nullptr;
+  size_t gemm_scratch_size_ = 0;
   // The clamped SwiGLU FFN (moe.cu) over T rows: out = w2(h), h = silu(min(g, L))·clamp(u, ±L)·w
   // with g, u from w1, w3 (§3.6). up/gate carry x and the weights; down.y receives the output.
   void expert_ffn(GemmRequest gate, GemmRequest up, GemmRequest down, const float* row_weights, double limit);

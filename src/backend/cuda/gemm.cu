@@ -3,15 +3,30 @@
 //
 // quantized (deepseek numerics): phase 1 quantizes each activation row to e4m3 per 128-block with
 // a power-of-two scale; phase 2 sums, per K tile (128 for FP8 weights, 32 for FP4), the exact
-// e4m3×e4m3 (or e4m3×e2m1) products in double, rounds the tile partial to fp32, multiplies it by
-// the two scales and adds it to an fp32 accumulator in increasing K order; the result is rounded
-// to bf16. Everything else takes double dot products with the dequantized weight, rounded once.
+// e4m3×e4m3 (or e4m3×e2m1) products, rounds the tile partial to fp32, multiplies it by the two
+// scales and adds it to an fp32 accumulator in increasing K order; the result is rounded to bf16.
+// Everything else takes double dot products with the dequantized weight, rounded once.
 //
-// Parallelisation (correct first; no tensor cores yet): one block per token row and 8 output
-// rows, one warp per output. Lanes stride over K (coalesced reads of x and the weight row) and the
-// warp reduces in double with shuffles; the quantized path reduces once per K tile, so the fp32
-// tile accumulation runs in the CPU's order. Weights stay in their stored format and are decoded
-// in registers.
+// Phase 2 is one kernel for every T, built for decode (a few token rows), where it must stream
+// the weights at memory bandwidth: each lane loads 16-byte chunks of 4 weight rows at once
+// (coalesced across the warp), converts its slice of x once for the four rows, and up to 8
+// token rows share each weight load (larger T runs in groups of 8 tokens). S warps split one
+// row's K range (S chosen so that a row fills them), so a block is 8/S groups of 4 rows.
+//
+// Why it is bit-identical to the CPU in the quantized path: a tile partial is a sum of at most
+// 128 products of two e4m3 (or e4m3 and e2m1) values; each product and every partial sum is
+// exact in a double (the span is under 43 bits), so the lanes may add in any order and the
+// rounded fp32 partial is the CPU's. The weight is turned into a double by placing its bits in
+// the double's exponent and mantissa fields, which yields value · 2^-1016 (e4m3) or · 2^-1022
+// (e2m1) exactly, with e4m3 subnormals landing on double subnormals; x is pre-scaled by 2^1000 so
+// no product is subnormal, and the exact partial is scaled back by a power of two. (The e4m3 NaN
+// codes 0x7f/0xff, absent from checkpoints, decode as 480 here instead of NaN.) The fp32 tile
+// accumulation, the only order-dependent step, runs in increasing K order per output: lanes
+// write each tile's scaled partial to shared memory and one thread per output folds them.
+// In the double paths any summation order is allowed (device_math.cuh): each lane's double
+// partial is reduced across the warp and the S warps.
+#include <algorithm>
+
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/gemm_dmma.h"
@@ -22,10 +37,19 @@ namespace dsv4::cuda {
 
 namespace {
 
-constexpr int kGemmWarps = 8;
-// From this many rows on, products run on the FP64 tensor cores (gemm_dmma.cu): their weights are
-// then read once per 64 rows instead of once per row.
-constexpr int64_t kDmmaMinRows = 32;
+constexpr int kWarps = 8;      // per block
+constexpr int kRows = 4;       // weight rows per warp: one conversion of x serves all four
+constexpr int kMaxTokens = 8;  // token rows per group: each weight load serves all of them
+// Products of many rows run on the FP64 tensor cores (gemm_dmma.cu), which read the weights once
+// per 64 rows: from 32 token rows, or for routed experts from 4 rows per expert on average.
+constexpr int64_t kDmmaMinRows = 32, kDmmaMinRowsPerExpert = 4;
+// Weight elements in a 16-byte chunk of a row.
+__host__ __device__ constexpr int chunk_elems(int format) {
+  return format == kFp8 ? 16 : format == kFp4 ? 32 : format == kBf16 ? 8 : 4;
+}
+__host__ __device__ inline int64_t row_bytes(int format, int64_t K) {
+  return format == kFp8 ? K : format == kFp4 ? K / 2 : format == kBf16 ? 2 * K : 4 * K;
+}
 
 // Phase 1: ActQuantFP8 of each 128-block of each source row. Grid (rows, K blocks), 128 threads,
 // one element each; the block's amax by a block-wide fmax.
@@ -44,55 +68,164 @@ struct GemmArgs {
   const LinearView* table;
   const int32_t* view_of_row;
   int64_t n_views;
-  const float* x;  // fp32 activations (plain path) ...
+  const float* x;  // fp32 activations (double paths) or their e4m3 values (quantized), rows of x_stride
   int64_t x_stride, x_div;
-  const float* qx;  // ... or their e4m3 values [src rows, K] and scales [src rows, K/128]
-  const float* sx;
-  int64_t K, n_k128;
+  const float* sx;  // quantized: the activation scales [src rows, K/128]
+  int64_t n_k128;
+  int64_t K, T;
   float* y;
   int64_t y_stride, row0, rows;
-  bool tiled, round_out;
+  bool round_out;
+  bool w_vec, x_vec;  // rows of W / of x allow 16-byte loads (else bytewise, bounds-checked)
+  int split;          // S: warps per group of 4 rows
+  int64_t n_chunks;   // 16-byte chunks per weight row (the last may be partial)
+  int64_t n_tiles;    // quantized: K tiles per row
 };
 
-// Phase 2. Grid (T, rows / 8), 8 warps; warp w of block (m, j) computes y[m, 8j + w].
-__global__ void __launch_bounds__(kGemmWarps * 32) linear_kernel(GemmArgs a) {
-  const int64_t m = blockIdx.x;
-  const int64_t r = int64_t(blockIdx.y) * kGemmWarps + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (r >= a.rows) return;
-  float* y = a.y + m * a.y_stride + r;
+__device__ inline uint32_t word_of(const uint4& v, int k) { return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w; }
+
+// Chunk c of weight row o: one 16-byte load, or bytes up to the row's end (zeros past it).
+__device__ inline uint4 load_chunk(const GemmArgs& a, const LinearView& W, int64_t o, int64_t c) {
+  const int64_t nb = row_bytes(W.format, a.K);
+  const uint8_t* p = W.data + o * nb + c * 16;
+  if (a.w_vec) return __ldg(reinterpret_cast<const uint4*>(p));
+  uint32_t w[4] = {0, 0, 0, 0};
+#pragma unroll
+  for (int b = 0; b < 16; ++b)
+    if (c * 16 + b < nb) w[b / 4] |= uint32_t(p[b]) << (8 * (b % 4));
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// x[k0 .. k0+4) of one activation row (zeros past K or for an absent chunk).
+__device__ inline void load_x4(const GemmArgs& a, const float* xr, int64_t k0, bool valid, float (&v)[4]) {
+  if (valid && a.x_vec && k0 + 4 <= a.K) {
+    const float4 f = __ldg(reinterpret_cast<const float4*>(xr + k0));
+    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+    return;
+  }
+  for (int i = 0; i < 4; ++i) v[i] = valid && k0 + i < a.K ? xr[k0 + i] : 0.0f;
+}
+
+// Element e of a chunk as a double. Quantized: the unscaled e4m3 / e2m1 value times 2^-1016 /
+// 2^-1022 by bit placement (see the top). Otherwise the CPU's fp32 dequantized value.
+template <int kFmt, bool kTiled>
+__device__ inline double weight_at(const uint4& w, int e, float scale) {
+  if constexpr (kFmt == kFp8) {
+    const uint32_t b = (word_of(w, e / 4) >> (8 * (e % 4))) & 0xff;
+    if constexpr (kTiled) return __hiloint2double(int(((b & 0x7f) << 17) | ((b & 0x80) << 24)), 0);
+    else return double(e4m3_to_f32(uint8_t(b)) * scale);
+  } else if constexpr (kFmt == kFp4) {
+    const uint32_t n = (word_of(w, e / 8) >> (4 * (e % 8))) & 0xf;  // low nibble first (§2.2)
+    if constexpr (kTiled) return __hiloint2double(int(((n & 7) << 19) | ((n & 8) << 28)), 0);
+    else return double(e2m1_to_f32(uint8_t(n)) * scale);
+  } else if constexpr (kFmt == kBf16) {
+    return double(__uint_as_float(((word_of(w, e / 2) >> (16 * (e % 2))) & 0xffff) << 16));
+  } else {
+    return double(__uint_as_float(word_of(w, e)));
+  }
+}
+
+// Phase 2. Grid (row blocks, token groups of kNT); see the top for the work split. With a table,
+// every token row is its own group (kNT = 1) with its own matrix.
+template <int kFmt, bool kTiled, int kNT>
+__global__ void __launch_bounds__(kWarps * 32) linear_kernel(GemmArgs a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int E = chunk_elems(kFmt);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int S = a.split, G = kWarps / S, gi = warp / S, s = warp % S;
+  const int n_seq = G * kRows * kNT;  // outputs of the block: (group, row, token)
+  const int64_t block_row = int64_t(blockIdx.x) * G * kRows;
+  const int64_t r_base = block_row + int64_t(gi) * kRows;
+  const int64_t m0 = int64_t(blockIdx.y) * kNT;
+  const int nt = int(min(int64_t(kNT), a.T - m0));
+
   LinearView W = a.W;
   if (a.table) {
-    const int32_t v = a.view_of_row[m];
+    const int32_t v = a.view_of_row[m0];
     if (v < 0 || v >= a.n_views) {  // no expert: contributes nothing (as on the CPU)
-      if (lane == 0) *y = 0.0f;
+      for (int64_t r = threadIdx.x; r < G * kRows; r += blockDim.x)
+        if (block_row + r < a.rows) a.y[m0 * a.y_stride + block_row + r] = 0.0f;
       return;
     }
     W = a.table[v];
   }
-  const int64_t o = a.row0 + r, K = a.K, src = m / a.x_div;
-  if (!a.tiled) {
-    const float* x = a.x + src * a.x_stride;
-    double acc = 0.0;
-    for (int64_t i = lane; i < K; i += 32) acc += double(x[i]) * double(dequantized(W, o, i));
-    const float s = float(warp_sum(acc));
-    if (lane == 0) *y = a.round_out ? round_bf16(s) : s;
-    return;
+  const float* xrow[kNT];
+#pragma unroll
+  for (int n = 0; n < kNT; ++n) xrow[n] = a.x + ((m0 + min(n, nt - 1)) / a.x_div) * a.x_stride;
+
+  float* contrib = reinterpret_cast<float*>(smem);  // quantized: [tile][n_seq]
+  double dacc[kRows][kNT] = {};                       // double paths: this lane's partial sums
+
+  for (int64_t c0 = int64_t(s) * 32; c0 < a.n_chunks; c0 += 32 * S) {
+    const int64_t c = c0 + lane;
+    const bool cv = c < a.n_chunks;
+    uint4 w[kRows];
+    float scale[kRows];
+    for (int r = 0; r < kRows; ++r) {
+      const bool ok = cv && r_base + r < a.rows;
+      const int64_t o = a.row0 + r_base + r;
+      w[r] = ok ? load_chunk(a, W, o, c) : make_uint4(0, 0, 0, 0);
+      scale[r] = !kTiled && (kFmt == kFp8 || kFmt == kFp4) && ok ? block_scale(W, o, c * E) : 0.0f;
+    }
+#pragma unroll
+    for (int n = 0; n < kNT; ++n) {
+      if (n >= nt) continue;
+      double part[kRows] = {};
+      for (int q = 0; q < E / 4; ++q) {
+        float xv[4];
+        load_x4(a, xrow[n], c * E + 4 * q, cv, xv);
+        for (int i = 0; i < 4; ++i) {
+          const double xd = kTiled ? double(xv[i]) * 0x1p1000 : double(xv[i]);
+          // fma: the product is exact in double (see the top), so this is the rounded sum.
+          for (int r = 0; r < kRows; ++r) part[r] = fma(xd, weight_at<kFmt, kTiled>(w[r], 4 * q + i, scale[r]), part[r]);
+        }
+      }
+      if constexpr (kTiled) {
+        for (int r = 0; r < kRows; ++r) {
+          double p = part[r];
+          if constexpr (kFmt == kFp8)  // a 128-tile spans 8 lanes; the exact sum in any order
+            for (int off = 1; off < 8; off <<= 1) p += __shfl_xor_sync(kFullMask, p, off);
+          const bool writer = kFmt == kFp8 ? lane % 8 == 0 : true;
+          if (writer && cv && r_base + r < a.rows) {
+            const int64_t t = kFmt == kFp8 ? c / 8 : c;
+            const float partial = float(p * (kFmt == kFp8 ? 0x1p16 : 0x1p22));
+            const float s_x = a.sx[((m0 + n) / a.x_div) * a.n_k128 + (kFmt == kFp8 ? t : t / 4)];
+            const float s_w = block_scale(W, a.row0 + r_base + r, t * (kFmt == kFp8 ? 128 : 32));
+            // FP8 kernel: partial · (s_x · s_w); FP4 kernel: (partial · s_x) · s_w (§5).
+            contrib[t * n_seq + (gi * kRows + r) * kNT + n] = kFmt == kFp8 ? partial * (s_x * s_w) : (partial * s_x) * s_w;
+          }
+        }
+      } else {
+        for (int r = 0; r < kRows; ++r) dacc[r][n] += part[r];
+      }
+    }
   }
-  const float* q = a.qx + src * K;
-  const float* sx = a.sx + src * a.n_k128;
-  const int64_t tile = W.format == kFp4 ? 32 : 128;
-  float acc = 0.0f;
-  for (int64_t k0 = 0; k0 < K; k0 += tile) {
-    const int64_t n = K - k0 < tile ? K - k0 : tile;
-    double part = 0.0;
-    for (int64_t i = lane; i < n; i += 32) part += double(q[k0 + i]) * double(stored_value(W, o, k0 + i));
-    const float partial = float(warp_sum(part));
-    const float s_x = sx[k0 / 128], s_w = block_scale(W, o, k0);
-    // FP8 kernel: partial · (s_x · s_w); FP4 kernel: (partial · s_x) · s_w (§5).
-    acc += tile == 128 ? partial * (s_x * s_w) : (partial * s_x) * s_w;
+
+  if constexpr (!kTiled) {
+    double* dpart = reinterpret_cast<double*>(smem);  // [S][n_seq]
+    for (int r = 0; r < kRows; ++r)
+      for (int n = 0; n < kNT; ++n) {
+        const double v = warp_sum(dacc[r][n]);
+        if (lane == 0) dpart[s * n_seq + (gi * kRows + r) * kNT + n] = v;
+      }
   }
-  if (lane == 0) *y = round_bf16(acc);
+  __syncthreads();
+  for (int q = threadIdx.x; q < n_seq; q += blockDim.x) {
+    const int n = q % kNT;
+    const int64_t row = block_row + q / kNT;
+    if (n >= nt || row >= a.rows) continue;
+    float* y = a.y + (m0 + n) * a.y_stride + row;
+    if constexpr (kTiled) {
+      float acc = 0.0f;
+      for (int64_t t = 0; t < a.n_tiles; ++t) acc += contrib[t * n_seq + q];  // increasing K
+      *y = round_bf16(acc);
+    } else {
+      const double* dpart = reinterpret_cast<const double*>(smem);
+      double v = 0.0;
+      for (int i = 0; i < S; ++i) v += dpart[i * n_seq + q];
+      *y = a.round_out ? round_bf16(float(v)) : float(v);
+    }
+  }
 }
 
 // embed: one block per token; threads over D (grid-stride), the row copied to every stream.
@@ -105,7 +238,35 @@ __global__ void embed_kernel(LinearView table, const int32_t* tokens, int64_t hc
   }
 }
 
+
+template <int kFmt, bool kTiled, int kNT>
+void launch_linear(const GemmArgs& a, dim3 grid, size_t smem, cudaStream_t stream) {
+  auto kernel = linear_kernel<kFmt, kTiled, kNT>;
+  if (smem > 48 * 1024) DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  kernel<<<grid, kWarps * 32, smem, stream>>>(a);
+}
+
+template <int kFmt, bool kTiled>
+void launch_linear_nt(const GemmArgs& a, int nt, dim3 grid, size_t smem, cudaStream_t stream) {
+  switch (nt) {
+    case 1: return launch_linear<kFmt, kTiled, 1>(a, grid, smem, stream);
+    case 2: return launch_linear<kFmt, kTiled, 2>(a, grid, smem, stream);
+    case 4: return launch_linear<kFmt, kTiled, 4>(a, grid, smem, stream);
+    default: return launch_linear<kFmt, kTiled, kMaxTokens>(a, grid, smem, stream);
+  }
+}
+
 }  // namespace
+
+float* CudaBackend::gemm_scratch(size_t n) {
+  if (n > gemm_scratch_size_) {
+    if (gemm_scratch_) DSV4_CUDA_CHECK(cudaFreeAsync(gemm_scratch_, stream_));
+    gemm_scratch_ = nullptr;
+    gemm_scratch_size_ = std::max(n, 2 * gemm_scratch_size_);
+    DSV4_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&gemm_scratch_), gemm_scratch_size_ * sizeof(float), stream_));
+  }
+  return gemm_scratch_;
+}
 
 void CudaBackend::gemm(const GemmRequest& r) {
   if (r.T == 0 || r.rows == 0) return;
@@ -113,33 +274,59 @@ void CudaBackend::gemm(const GemmRequest& r) {
   const int64_t K = W.in;
   const bool tiled = deepseek() && r.compute == Compute::quantized;
   DSV4_CUDA_REQUIRE(!tiled || W.format == kFp8 || W.format == kFp4, "linear: quantized compute needs FP8/FP4 weights");
-  DSV4_CUDA_REQUIRE(r.T < (int64_t(1) << 31) && (r.rows + kGemmWarps - 1) / kGemmWarps < 65536,
-                    "linear: ", r.T, " tokens × ", r.rows, " rows exceed the launch grid");
 
-  GemmArgs a{W, r.table, r.view_of_row, r.n_views, r.x, r.x_stride, r.x_div, nullptr, nullptr, K, (K + 127) / 128,
-             r.y, r.y_stride, r.row0, r.rows, tiled, deepseek() && r.compute != Compute::f32};
+  GemmArgs a{};
+  a.W = W, a.table = r.table, a.view_of_row = r.view_of_row, a.n_views = r.n_views;
+  a.x = r.x, a.x_stride = r.x_stride, a.x_div = r.x_div, a.n_k128 = (K + 127) / 128, a.K = K, a.T = r.T;
+  a.y = r.y, a.y_stride = r.y_stride, a.row0 = r.row0, a.rows = r.rows;
+  a.round_out = deepseek() && r.compute != Compute::f32;
+  const int64_t nb = row_bytes(W.format, K);
+  a.w_vec = nb % 16 == 0;  // device weights start 256-byte aligned (cudaMalloc)
+  a.n_chunks = (nb + 15) / 16;
+  a.n_tiles = tiled ? (K + (W.format == kFp4 ? 31 : 127)) / (W.format == kFp4 ? 32 : 128) : 0;
+  a.split = 1;
+  while (a.split < kWarps && int64_t(a.split) * 32 < a.n_chunks) a.split *= 2;
+
   const int64_t n_src = (r.T + r.x_div - 1) / r.x_div;
-  DeviceArray<float> qx(stream_, tiled ? size_t(n_src * K) : 0), sx(stream_, tiled ? size_t(n_src * a.n_k128) : 0);
   if (tiled) {
-    act_quant_kernel<<<dim3(unsigned(n_src), unsigned(a.n_k128)), 128, 0, stream_>>>(r.x, r.x_stride, K, qx.get(),
-                                                                                      sx.get());
+    const size_t n_qx = (size_t(n_src * K) + 3) / 4 * 4;  // keeps the scales 16-byte aligned
+    float* qx = gemm_scratch(n_qx + size_t(n_src * a.n_k128));
+    act_quant_kernel<<<dim3(unsigned(n_src), unsigned(a.n_k128)), 128, 0, stream_>>>(r.x, r.x_stride, K, qx,
+                                                                                      qx + n_qx);
     DSV4_CUDA_LAUNCHED("linear (activation quantization)");
-    a.qx = qx.get();
-    a.sx = sx.get();
+    a.x = qx, a.x_stride = K, a.sx = qx + n_qx;
   }
-  if (r.T >= kDmmaMinRows) {
-    DmmaProblem p{W, r.table, r.view_of_row, r.n_views, r.x, r.x_stride, r.x_div, a.qx, a.sx, K, r.T,
-                  r.y, r.y_stride, r.row0, r.rows, tiled, a.round_out};
-    dmma_gemm(p, stream_);
+  if (r.table ? r.T >= kDmmaMinRowsPerExpert * r.n_views : r.T >= kDmmaMinRows) {
+    dmma_gemm({W, r.table, r.view_of_row, r.n_views, a.x, a.x_stride, r.x_div, a.sx, K, r.T, r.y, r.y_stride,
+               r.row0, r.rows, tiled, a.round_out},
+              stream_);
     return;
   }
-  const dim3 grid(unsigned(r.T), unsigned((r.rows + kGemmWarps - 1) / kGemmWarps));
-  linear_kernel<<<grid, kGemmWarps * 32, 0, stream_>>>(a);
+  a.x_vec = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && a.x_stride % 4 == 0;
+
+  // Token rows per group: one with a table (each row has its own matrix), else up to 8.
+  const int nt = r.table ? 1 : r.T <= 1 ? 1 : r.T <= 2 ? 2 : r.T <= 4 ? 4 : kMaxTokens;
+  const int64_t rows_per_block = int64_t(kWarps / a.split) * kRows;
+  const int64_t n_seq = rows_per_block * nt;
+  const size_t smem = tiled ? size_t(a.n_tiles * n_seq) * sizeof(float) : size_t(a.split * n_seq) * sizeof(double);
+  const int64_t groups = (r.T + nt - 1) / nt, row_blocks = (r.rows + rows_per_block - 1) / rows_per_block;
+  DSV4_CUDA_REQUIRE(groups < 65536 && row_blocks < (int64_t(1) << 31) && smem <= 227 * 1024, "linear: ", r.T,
+                    " tokens × ", r.rows, " rows × K ", K, " exceed the launch limits");
+  const dim3 grid{unsigned(row_blocks), unsigned(groups)};
+  switch (W.format) {
+    case kFp8: tiled ? launch_linear_nt<kFp8, true>(a, nt, grid, smem, stream_)
+                     : launch_linear_nt<kFp8, false>(a, nt, grid, smem, stream_); break;
+    case kFp4: tiled ? launch_linear_nt<kFp4, true>(a, nt, grid, smem, stream_)
+                     : launch_linear_nt<kFp4, false>(a, nt, grid, smem, stream_); break;
+    case kBf16: launch_linear_nt<kBf16, false>(a, nt, grid, smem, stream_); break;
+    default: launch_linear_nt<kF32, false>(a, nt, grid, smem, stream_); break;
+  }
   DSV4_CUDA_LAUNCHED("linear");
 }
 
 void CudaBackend::linear(const model::Linear& W, Compute compute, const float* x, int64_t x_stride, int64_t T,
                          float* y, int64_t y_stride, int64_t row0, int64_t rows) {
+  Timed timed(*this, "linear", W.name, double(W.bytes()) * double(rows) / double(W.out));
   DSV4_CUDA_REQUIRE(row0 >= 0 && row0 + rows <= W.out, W.name, ": rows [", row0, ", ", row0 + rows, ") of ", W.out);
   const bool tiled = deepseek() && compute == Compute::quantized;
   DSV4_CUDA_REQUIRE(!tiled || W.format == model::WeightFormat::fp8 || W.format == model::WeightFormat::fp4, W.name,
@@ -155,6 +342,7 @@ void CudaBackend::linear(const model::Linear& W, Compute compute, const float* x
 // Token ids are checked on the host (a copy of T ids): a kernel cannot raise the error the CPU
 // backend raises for an id outside the vocabulary.
 void CudaBackend::embed(const model::Linear& table, const int32_t* tokens, int64_t T, int64_t hc, float* X) {
+  Timed timed(*this, "embed");
   if (T == 0) return;
   std::vector<int32_t> ids(static_cast<size_t>(T));
   DSV4_CUDA_CHECK(cudaMemcpyAsync(ids.data(), tokens, size_t(T) * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));

@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(kThreads) dmma_kernel(DmmaProblem p, Grouping 
       const int r = i / kBK, c = i % kBK;
       const int64_t s = src_of[r], k = k0 + c;
       float v = 0.0f;
-      if (s >= 0 && k < K) v = kTiled ? p.qx[s * K + k] : p.x[s * p.x_stride + k];
+      if (s >= 0 && k < K) v = p.x[s * p.x_stride + k];
       As[r][c] = v;
     }
     for (int i = threadIdx.x; i < kBN * kBK; i += kThreads) {

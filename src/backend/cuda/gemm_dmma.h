@@ -20,8 +20,8 @@ namespace dsv4::cuda {
 
 // One product y[m] = x[src(m)] · W_mᵀ over output rows [row0, row0 + rows), m in [0, T).
 // W_m is `W`, or table[view_of_row[m]] (routed experts; an index outside [0, n_views) gives 0).
-// Quantized (tiled) problems read the e4m3 activations qx [n_src, K] and their per-128 scales sx
-// [n_src, K/128]; the others read x (row stride x_stride). src(m) = m / x_div.
+// x has rows of x_stride, src(m) = m / x_div; quantized (tiled) problems pass the e4m3 activation
+// values there and their per-128 scales in sx [n_src, K/128].
 struct DmmaProblem {
   LinearView W;
   const LinearView* table = nullptr;
@@ -29,7 +29,6 @@ struct DmmaProblem {
   int64_t n_views = 0;
   const float* x = nullptr;
   int64_t x_stride = 0, x_div = 1;
-  const float* qx = nullptr;
   const float* sx = nullptr;
   int64_t K = 0, T = 0;
   float* y = nullptr;

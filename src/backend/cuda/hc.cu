@@ -3,8 +3,9 @@
 // output y and the new HC state are rounded (to bf16 in deepseek numerics).
 //
 // Parallelisation: the mix projection x·fnᵀ is the shared GEMM (fp32 path). Then one block per
-// token: the stream RMS is a block-wide double reduction, thread 0 does the tiny hc×hc work
-// (gates, Sinkhorn) serially in shared memory, and all threads write u over D. hc_post is one
+// token: the stream RMS is a block-wide double reduction, the gates take one thread each, the
+// Sinkhorn iterations one thread per hc×hc element in shared memory (a serial loop in one
+// thread took most of the op's time in decode), and all threads write u over D. hc_post is one
 // thread per output element.
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_math.cuh"
@@ -24,32 +25,46 @@ __device__ float stream_rms_inverse(const float* x, int64_t n, float eps, double
   return rsqrt_f(float(sum / double(n)) + eps);
 }
 
-// Sinkhorn projection of the hc×hc comb logits (in place, one thread): row softmax + eps, a
-// column normalisation, then (iters − 1) row/column normalisation pairs.
+// Sinkhorn projection of the hc×hc comb logits in shared memory: a row softmax + eps, a column
+// normalisation, then (iters − 1) row/column normalisation pairs. Thread j·hc + k owns M[j, k]
+// and every thread of the block calls this (barriers); each element sees the serial loop's
+// arithmetic (its row or column summed in double in index order, then one division).
 __device__ void sinkhorn(float* M, int hc, int64_t iters, float eps) {
-  for (int j = 0; j < hc; ++j) {
-    float* row = M + j * hc;
-    float mx = row[0];
-    for (int k = 1; k < hc; ++k) mx = fmaxf(mx, row[k]);
+  const int q = threadIdx.x, j = q / hc, k = q % hc;
+  const bool mine = q < hc * hc;
+  auto row_sum = [&] {
     double sum = 0.0;
-    for (int k = 0; k < hc; ++k) sum += (row[k] = exp_f(row[k] - mx));
-    for (int k = 0; k < hc; ++k) row[k] = row[k] / float(sum) + eps;
-  }
-  auto normalise_columns = [&] {
-    for (int k = 0; k < hc; ++k) {
-      double sum = 0.0;
-      for (int j = 0; j < hc; ++j) sum += M[j * hc + k];
-      for (int j = 0; j < hc; ++j) M[j * hc + k] /= float(sum) + eps;
-    }
+    for (int i = 0; i < hc; ++i) sum += M[j * hc + i];
+    return sum;
   };
-  normalise_columns();
+  auto col_sum = [&] {
+    double sum = 0.0;
+    for (int i = 0; i < hc; ++i) sum += M[i * hc + k];
+    return sum;
+  };
+  // Sums are read, then (after a barrier) the elements rewritten.
+  auto divide = [&](auto&& sum_of) {
+    const double sum = mine ? sum_of() : 0.0;
+    __syncthreads();
+    if (mine) M[q] /= float(sum) + eps;
+    __syncthreads();
+  };
+  float mx = 0.0f;
+  if (mine) {
+    mx = M[j * hc];
+    for (int i = 1; i < hc; ++i) mx = fmaxf(mx, M[j * hc + i]);
+  }
+  __syncthreads();
+  if (mine) M[q] = exp_f(M[q] - mx);
+  __syncthreads();
+  const double sum = mine ? row_sum() : 0.0;
+  __syncthreads();
+  if (mine) M[q] = M[q] / float(sum) + eps;
+  __syncthreads();
+  divide(col_sum);
   for (int64_t it = 1; it < iters; ++it) {
-    for (int j = 0; j < hc; ++j) {
-      double sum = 0.0;
-      for (int k = 0; k < hc; ++k) sum += M[j * hc + k];
-      for (int k = 0; k < hc; ++k) M[j * hc + k] /= float(sum) + eps;
-    }
-    normalise_columns();
+    divide(row_sum);
+    divide(col_sum);
   }
 }
 
@@ -78,20 +93,17 @@ __global__ void hc_pre_kernel(HcArgs a, const float* X, const float* mix, float*
   const int hc = a.hc;
   const float* x = X + t * hc * a.D;
   const float rs = stream_rms_inverse(x, hc * a.D, a.norm_eps, scratch);
-  if (threadIdx.x == 0) {
-    float m[(2 + kMaxHc) * kMaxHc];
-    for (int64_t i = 0; i < a.mix_n; ++i) m[i] = mix[t * a.mix_n + i] * rs;
-    for (int h = 0; h < hc; ++h) {
-      pre[h] = sigmoid_f(m[h] * a.scale0 + a.base[h]) + a.hc_eps;
-      post[t * hc + h] = 2.0f * sigmoid_f(m[hc + h] * a.scale1 + a.base[hc + h]);
-    }
-    float* M = comb + t * hc * hc;
-    float Ms[kMaxHc * kMaxHc];
-    for (int i = 0; i < hc * hc; ++i) Ms[i] = m[2 * hc + i] * a.scale2 + a.base[2 * hc + i];
-    sinkhorn(Ms, hc, a.sinkhorn_iters, a.hc_eps);
-    for (int i = 0; i < hc * hc; ++i) M[i] = Ms[i];
+  __shared__ float Ms[kMaxHc * kMaxHc];
+  const float* m = mix + t * a.mix_n;  // scaled by rs where used
+  if (threadIdx.x < hc) {
+    const int h = threadIdx.x;
+    pre[h] = sigmoid_f(m[h] * rs * a.scale0 + a.base[h]) + a.hc_eps;
+    post[t * hc + h] = 2.0f * sigmoid_f(m[hc + h] * rs * a.scale1 + a.base[hc + h]);
   }
+  if (threadIdx.x < hc * hc) Ms[threadIdx.x] = m[2 * hc + threadIdx.x] * rs * a.scale2 + a.base[2 * hc + threadIdx.x];
   __syncthreads();
+  sinkhorn(Ms, hc, a.sinkhorn_iters, a.hc_eps);
+  if (threadIdx.x < hc * hc) comb[t * hc * hc + threadIdx.x] = Ms[threadIdx.x];
   collapse(x, pre, hc, a.D, a.bf16, u + t * a.D);
 }
 
@@ -128,6 +140,7 @@ __global__ void hc_post_kernel(const float* a, const float* X, const float* post
 
 void CudaBackend::hc_pre(const model::HcParams& p, const float* X, int64_t T, int64_t hc, int64_t D,
                          int64_t sinkhorn_iters, double hc_eps, double norm_eps, float* u, float* post, float* comb) {
+  Timed timed(*this, "hc_pre");
   if (T == 0) return;
   const int64_t mix_n = p.fn.out;  // (2 + hc)·hc
   DSV4_CUDA_REQUIRE(hc <= kMaxHc && mix_n == (2 + hc) * hc && p.scale.size() >= 3 &&
@@ -143,6 +156,7 @@ void CudaBackend::hc_pre(const model::HcParams& p, const float* X, int64_t T, in
 
 void CudaBackend::hc_post(const float* a, const float* X, const float* post, const float* comb, int64_t T,
                           int64_t hc, int64_t D, float* X_out) {
+  Timed timed(*this, "hc_post");
   const int64_t n = T * hc * D;
   if (n == 0) return;
   hc_post_kernel<<<grid_for(n, 256), 256, 0, stream_>>>(a, X, post, comb, T, hc, D, deepseek(), X_out);
@@ -151,6 +165,7 @@ void CudaBackend::hc_post(const float* a, const float* X, const float* post, con
 
 void CudaBackend::hc_head(const model::HcParams& p, const float* X, int64_t T, int64_t hc, int64_t D, double hc_eps,
                           double norm_eps, float* y) {
+  Timed timed(*this, "hc_head");
   if (T == 0) return;
   DSV4_CUDA_REQUIRE(hc <= kMaxHc && p.fn.out == hc && !p.scale.empty() && int64_t(p.base.size()) >= hc,
                     "hc_head: hc ", hc, ", fn rows ", p.fn.out);

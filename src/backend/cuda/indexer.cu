@@ -135,6 +135,7 @@ __global__ void fill_ids_kernel(int32_t* idx, int64_t n, int32_t value) {
 void CudaBackend::indexer_select(const float* q, const float* wts, int64_t T, int64_t heads, int64_t dim,
                                  const float* keys, int64_t n_keys, int64_t ratio, int64_t p0, int64_t k,
                                  int32_t* idx) {
+  Timed timed(*this, "indexer_select");
   if (T == 0 || k == 0) return;
   DSV4_CUDA_REQUIRE(ratio > 0 && k <= kMaxTopK && n_keys < (int64_t(1) << 31), "indexer_select: ratio ", ratio,
                     ", k ", k, " (at most ", kMaxTopK, "), ", n_keys, " keys");

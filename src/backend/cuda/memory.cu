@@ -24,11 +24,19 @@ __global__ void fill_kernel(float* dst, float value, int64_t n) {
 CudaBackend::CudaBackend(Numerics numerics) : Backend(numerics) {
   if (cuda_device_count() == 0) fail_unsupported("no CUDA device is available");
   DSV4_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  profile_ = profile_requested();
 }
 
 CudaBackend::~CudaBackend() {
   // Nothing here may throw: errors at teardown are dropped.
   cudaStreamSynchronize(stream_);
+  try {
+    print_profile();
+  } catch (...) {
+  }
+  if (gemm_scratch_) cudaFree(gemm_scratch_);
+  for (cudaEvent_t e : profile_events_)
+    if (e) cudaEventDestroy(e);
   for (auto& [host, dev] : uploads_) cudaFree(dev.first);
   for (auto& [key, table] : expert_tables_) cudaFree(table);
   cudaStreamDestroy(stream_);
@@ -55,6 +63,7 @@ void CudaBackend::release_ids(int32_t* p) { (void)cudaFreeAsync(p, stream_); }
 // The CPU copy is a memmove; device-to-device cudaMemcpy has no overlap guarantee, so an
 // overlapping copy goes through a scratch buffer.
 void CudaBackend::copy(float* dst, const float* src, size_t n) {
+  Timed timed(*this, "copy");
   if (n == 0 || dst == src) return;
   const bool overlap = dst < src + n && src < dst + n;
   if (!overlap) {
@@ -67,6 +76,7 @@ void CudaBackend::copy(float* dst, const float* src, size_t n) {
 }
 
 void CudaBackend::fill(float* dst, float value, size_t n) {
+  Timed timed(*this, "fill");
   if (n == 0) return;
   fill_kernel<<<grid_for(int64_t(n), 256), 256, 0, stream_>>>(dst, value, int64_t(n));
   DSV4_CUDA_LAUNCHED("fill");
@@ -76,6 +86,7 @@ void CudaBackend::to_host(float* host_dst, const float* src, size_t n) {
   if (n == 0) return;
   DSV4_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
   DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  profile_ = profile_requested();  // a caller may switch it on between forward passes
 }
 
 // Synchronous: the caller may free host_src as soon as this returns.

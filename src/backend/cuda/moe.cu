@@ -11,7 +11,7 @@
 // projection over all (token, slot) rows, each row reading the matrix of its selected expert
 // (GemmRequest.table), so decode reads only the selected experts' weights. Each row's arithmetic
 // is the CPU's for that token alone (the CPU batches an expert's tokens, which changes nothing
-// per row). route: one block per token, the top-k by thread 0 (k passes over E scores).
+// per row). route: one block per token, the top-k as k block-wide argmax passes.
 #include <algorithm>
 
 #include "backend/cuda/cuda_backend.h"
@@ -26,34 +26,49 @@ constexpr int kMaxExpertsPerToken = 32;
 // Tokens per pass through the experts: bounds the [tokens, k, F] intermediates.
 constexpr int64_t kMoeTokenChunk = 1024;
 
+// The better of two candidates (value, expert id): the higher value, ties to the lower id; -1 = none.
+__device__ inline void better(float& v, int32_t& e, float v2, int32_t e2) {
+  if (e2 >= 0 && (e < 0 || v2 > v || (v2 == v && e2 < e))) v = v2, e = e2;
+}
+
 __global__ void route_kernel(const float* logits, int64_t E, const float* bias, const int32_t* tid2eid,
                              int64_t n_vocab, const int32_t* tokens, int64_t k, float routed_scale, int32_t* sel,
                              float* weights) {
-  extern __shared__ float score[];  // [E]
+  extern __shared__ float score[];  // [E] scores, then [E] taken flags
+  int* taken = reinterpret_cast<int*>(score + E);
+  __shared__ float warp_v[32];
+  __shared__ int32_t warp_e[32];
   const int64_t t = blockIdx.x;
-  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) score[e] = sqrt_f(softplus_f(logits[t * E + e]));
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) score[e] = sqrt_f(softplus_f(logits[t * E + e])), taken[e] = 0;
   __syncthreads();
-  if (threadIdx.x != 0) return;
   int32_t* st = sel + t * k;
   if (tid2eid) {
-    const int64_t token = tokens[t];
-    for (int64_t i = 0; i < k; ++i)
-      st[i] = token >= 0 && token < n_vocab ? tid2eid[token * k + i] : -1;  // ids are checked by embed
+    if (threadIdx.x == 0) {
+      const int64_t token = tokens[t];
+      for (int64_t i = 0; i < k; ++i)
+        st[i] = token >= 0 && token < n_vocab ? tid2eid[token * k + i] : -1;  // ids are checked by embed
+    }
   } else {
-    // k passes: the best not yet taken, by score + bias, ties to the lower id.
+    // k passes of a block-wide argmax over the experts not yet taken, by score + bias.
     for (int64_t i = 0; i < k; ++i) {
+      float v = 0.0f;
       int32_t best = -1;
-      float best_v = 0.0f;
-      for (int64_t e = 0; e < E; ++e) {
-        bool taken = false;
-        for (int64_t j = 0; j < i; ++j) taken = taken || st[j] == e;
-        if (taken) continue;
-        const float v = score[e] + bias[e];
-        if (best < 0 || v > best_v) best = int32_t(e), best_v = v;
+      for (int64_t e = threadIdx.x; e < E; e += blockDim.x)
+        if (!taken[e]) better(v, best, score[e] + bias[e], int32_t(e));
+      for (int off = 16; off > 0; off >>= 1)
+        better(v, best, __shfl_xor_sync(kFullMask, v, off), __shfl_xor_sync(kFullMask, best, off));
+      if (lane == 0) warp_v[warp] = v, warp_e[warp] = best;
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        for (int w = 1; w < int(blockDim.x / 32); ++w) better(v, best, warp_v[w], warp_e[w]);
+        st[i] = best;
+        if (best >= 0) taken[best] = 1;
       }
-      st[i] = best;
+      __syncthreads();
     }
   }
+  if (threadIdx.x != 0) return;
   double sum = 0.0;
   for (int64_t i = 0; i < k; ++i) sum += st[i] >= 0 && st[i] < E ? score[st[i]] : 0.0f;
   for (int64_t i = 0; i < k; ++i)
@@ -99,6 +114,7 @@ __global__ void moe_combine_kernel(const float* expert_out, const float* shared,
 
 void CudaBackend::route(const model::MoeWeights& m, const float* x, const int32_t* tokens, int64_t T, int64_t D,
                         int64_t k, double routed_scale, int32_t* sel, float* weights) {
+  Timed timed(*this, "route");
   if (T == 0) return;
   const int64_t E = m.gate.out;
   const bool hash = !m.tid2eid.empty();
@@ -106,7 +122,7 @@ void CudaBackend::route(const model::MoeWeights& m, const float* x, const int32_
                     " experts, bias ", m.bias.size());
   DeviceArray<float> logits(stream_, size_t(T * E));
   linear(m.gate, Compute::f32, x, T, logits.get());
-  route_kernel<<<unsigned(T), kRouteThreads, size_t(E) * sizeof(float), stream_>>>(
+  route_kernel<<<unsigned(T), kRouteThreads, size_t(E) * (sizeof(float) + sizeof(int)), stream_>>>(
       logits.get(), E, hash ? nullptr : device_floats(m.bias), hash ? device_ints(m.tid2eid) : nullptr,
       hash ? int64_t(m.tid2eid.size()) / k : 0, tokens, k, float(routed_scale), sel, weights);
   DSV4_CUDA_LAUNCHED("route");
@@ -133,6 +149,10 @@ void CudaBackend::moe(const model::MoeWeights& m, const float* x, const int32_t*
   const int64_t E = int64_t(m.experts.size());
   DSV4_CUDA_REQUIRE(E > 0 && k > 0 && k <= kMaxExpertsPerToken, "moe: ", E, " experts, k ", k);
   const int64_t F = m.experts[0].w1.out;
+  auto ffn_bytes = [](const model::ExpertWeights& e) { return double(e.w1.bytes() + e.w2.bytes() + e.w3.bytes()); };
+  // Weights read: the selected experts (all distinct when T·k ≤ E, as in decode) and the shared one.
+  Timed timed(*this, "moe", {},
+              double(std::min(T * k, E)) * ffn_bytes(m.experts[0]) + (m.shared ? ffn_bytes(*m.shared) : 0.0));
   for (const model::ExpertWeights& e : m.experts)
     DSV4_CUDA_REQUIRE(e.w1.out == F && e.w3.out == F && e.w2.out == D && e.w1.in == D && e.w2.in == F,
                       "moe: expert ", e.w1.name, " shapes differ from the first expert's");

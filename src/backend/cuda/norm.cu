@@ -54,6 +54,7 @@ __global__ void add_kernel(const float* a, const float* b, int64_t n, bool bf16,
 }  // namespace
 
 void CudaBackend::rms_norm(const float* x, const float* w, int64_t rows, int64_t n, double eps, float* y) {
+  Timed timed(*this, "rms_norm");
   if (rows == 0) return;
   DSV4_CUDA_REQUIRE(rows < (int64_t(1) << 31), "rms_norm: ", rows, " rows");
   // w is a model weight (host memory): its device copy, uploaded once.
@@ -63,6 +64,7 @@ void CudaBackend::rms_norm(const float* x, const float* w, int64_t rows, int64_t
 }
 
 void CudaBackend::head_norm(float* q, int64_t rows, int64_t n, double eps) {
+  Timed timed(*this, "head_norm");
   if (rows == 0) return;
   DSV4_CUDA_REQUIRE(rows < (int64_t(1) << 31), "head_norm: ", rows, " rows");
   head_norm_kernel<<<unsigned(rows), kRowThreads, 0, stream_>>>(q, n, float(eps), deepseek());
@@ -70,12 +72,14 @@ void CudaBackend::head_norm(float* q, int64_t rows, int64_t n, double eps) {
 }
 
 void CudaBackend::scale(float* x, int64_t n, float s) {
+  Timed timed(*this, "scale");
   if (n == 0) return;
   scale_kernel<<<grid_for(n, 256), 256, 0, stream_>>>(x, n, s, deepseek());
   DSV4_CUDA_LAUNCHED("scale");
 }
 
 void CudaBackend::add(const float* a, const float* b, int64_t n, float* y) {
+  Timed timed(*this, "add");
   if (n == 0) return;
   add_kernel<<<grid_for(n, 256), 256, 0, stream_>>>(a, b, n, deepseek(), y);
   DSV4_CUDA_LAUNCHED("add");

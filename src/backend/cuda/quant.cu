@@ -53,6 +53,7 @@ __global__ void indexer_fp4_sim_kernel(float* x, int64_t n) {
 }  // namespace
 
 void CudaBackend::kv_fp8_sim(float* x, int64_t rows, int64_t row_stride, int64_t n_dims) {
+  Timed timed(*this, "kv_fp8_sim");
   if (!deepseek() || rows == 0 || n_dims == 0) return;
   const int64_t n_blocks = (n_dims + 63) / 64;
   kv_fp8_sim_kernel<<<dim3(unsigned(rows), unsigned((n_blocks + kSimWarps - 1) / kSimWarps)), kSimWarps * 32, 0,
@@ -61,6 +62,7 @@ void CudaBackend::kv_fp8_sim(float* x, int64_t rows, int64_t row_stride, int64_t
 }
 
 void CudaBackend::indexer_fp4_sim(float* x, int64_t rows, int64_t n) {
+  Timed timed(*this, "indexer_fp4_sim");
   if (!deepseek() || rows == 0) return;
   DSV4_CUDA_REQUIRE(n >= 32 && n <= 1024 && (n & (n - 1)) == 0, "indexer_fp4_sim: row of ", n,
                     ", expected a power of two in [32, 1024]");

@@ -32,6 +32,7 @@ __global__ void rope_kernel(float* x, int64_t group, int64_t row_stride, const f
 
 void CudaBackend::rope(float* x, int64_t n_groups, int64_t group, int64_t row_stride, const RopeFreqs& freqs,
                        int64_t pos0, int64_t pos_step, bool inverse) {
+  Timed timed(*this, "rope");
   const int64_t half = int64_t(freqs.freqs.size());
   if (n_groups == 0 || group == 0 || half == 0) return;
   DSV4_CUDA_REQUIRE(2 * half <= row_stride, "rope: ", 2 * half, " rope dims in rows of ", row_stride);

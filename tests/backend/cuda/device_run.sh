@@ -5,6 +5,9 @@
 #
 #   tests/backend/cuda/device_run.sh [DEBS_DIR] [CTEST_REGEX]
 #
+# BENCH="ARGS;ARGS;…": afterwards also build dsv4 and run `dsv4 bench ARGS` for each entry (its
+# output in $OUT/bench.log; --json paths are relative to the repository root).
+#
 # DEBS_DIR holds Debian 12 .debs of the build dependencies (apt-get download libfmt-dev libfmt9
 # nlohmann-json3-dev libcli11-dev libgtest-dev libpcre2-dev libpcre2-8-0 libpcre2-16-0
 # libpcre2-32-0 libpcre2-posix3 pkgconf pkgconf-bin libpkgconf3); they are unpacked into
@@ -61,5 +64,13 @@ if [ "${SANITIZE:-0}" = 1 ]; then
     --gtest_filter='CudaTwin.Attention:CudaTwin.IndexerSelect:CudaTwin.IndexerFp4Simulation:CudaTwin.Hc*:CudaTwin.RmsNorm' \
     >"$out/racecheck.log" 2>&1
   echo "racecheck: exit $? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$out/racecheck.log" | tail -1)"
+fi
+if [ -n "${BENCH:-}" ]; then
+  cmake --build build -j"$(nproc)" --target dsv4 >>"$out/build.log" 2>&1 || { tail -20 "$out/build.log"; exit 1; }
+  IFS=';' read -ra runs <<<"$BENCH"
+  for args in "${runs[@]}"; do
+    echo "dsv4 bench $args"
+    eval "build/dsv4 bench $args" 2>&1 | tee -a "$out/bench.log"
+  done
 fi
 exit $status

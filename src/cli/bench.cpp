@@ -1,0 +1,225 @@
+// dsv4 bench: prefill and decode speed on a checkpoint or on synthetic weights at real shapes
+// (issue 4). Reports prefill tokens/s per prompt length, decode tokens/s per context length, the
+// weight bytes a decoded token reads and the fraction of the memory bandwidth that makes, and
+// the fraction of the FP8 tensor-core peak that prefill reaches; appends JSON lines on request.
+//
+// Every context is reached by really prefilling it (in chunks of --chunk tokens), never faked:
+// decode at context C starts from the state C prompt tokens left.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "cli/common.h"
+#include "core/error.h"
+#include "engine/device.h"
+#include "engine/engine.h"
+#include "model/synthetic.h"
+
+#ifndef DSV4_COMMIT
+#define DSV4_COMMIT "unknown"
+#endif
+
+namespace dsv4::cli {
+namespace {
+
+struct BenchOptions {
+  std::string model, synthetic;
+  int64_t layers = 0;
+  uint64_t seed = 1;
+  std::string device = "cpu";
+  std::string numerics = "deepseek";
+  std::string prompt_lens = "512";
+  std::string contexts = "4096";
+  int64_t decode_tokens = 32;
+  int64_t chunk = 0;  // 0: the device's default
+  std::string json;
+  bool profile = false;
+  std::string commit = DSV4_COMMIT;
+  double hbm_bytes_per_s = 4.8e12;  // H200 datasheet
+  double fp8_flops = 1.979e15;      // H200 dense FP8 tensor-core datasheet peak
+};
+
+std::vector<int64_t> parse_lengths(const std::string& text, const char* what) {
+  std::vector<int64_t> out;
+  if (text.empty() || text == "none") return out;
+  for (int32_t v : parse_token_list(text)) {
+    if (v < 1) fail(ErrorCode::invalid_input, "{}: lengths must be at least 1", what);
+    out.push_back(v);
+  }
+  return out;
+}
+
+// What one decoded token reads of the weights: every dense matrix and vector of each layer, the
+// shared expert, k routed experts (their mean size), the embedding row, the final mixing and the
+// head. MTP layers are not run. Returns {bytes, weight elements} (elements: for FLOPs).
+struct TokenCost {
+  double bytes = 0, elements = 0;
+  void add(const model::Linear& W) { bytes += double(W.bytes()), elements += double(W.out * W.in); }
+  void add(const std::vector<float>& v) { bytes += double(v.size() * sizeof(float)); }
+  void add(const model::HcParams& hc) { add(hc.fn), add(hc.base), add(hc.scale); }
+  void add(const model::CompressorWeights& c) { add(c.wkv), add(c.wgate), add(c.ape), add(c.norm); }
+};
+
+TokenCost decode_cost(const model::ModelConfig& c, const model::Weights& w) {
+  TokenCost cost;
+  cost.bytes += double(w.embed.bytes()) / double(w.embed.out);  // one row
+  cost.add(w.head), cost.add(w.norm), cost.add(w.hc_head);
+  for (const model::LayerWeights& l : w.layers) {
+    cost.add(l.hc_attn), cost.add(l.hc_ffn), cost.add(l.attn_norm), cost.add(l.ffn_norm);
+    const model::AttentionWeights& a = l.attn;
+    for (const model::Linear* W : {&a.wq_a, &a.wq_b, &a.wkv, &a.wo_a, &a.wo_b}) cost.add(*W);
+    cost.add(a.sink), cost.add(a.q_norm), cost.add(a.kv_norm);
+    if (a.compressor) cost.add(*a.compressor);
+    if (a.indexer) cost.add(a.indexer->wq_b), cost.add(a.indexer->weights_proj), cost.add(a.indexer->compressor);
+    const model::MoeWeights& m = l.ffn;
+    cost.add(m.gate), cost.add(m.bias);
+    if (!m.tid2eid.empty()) cost.bytes += double(c.n_experts_per_tok * sizeof(int32_t));
+    if (m.shared) cost.add(m.shared->w1), cost.add(m.shared->w2), cost.add(m.shared->w3);
+    TokenCost experts;
+    for (const model::ExpertWeights& e : m.experts) experts.add(e.w1), experts.add(e.w2), experts.add(e.w3);
+    const double share = double(c.n_experts_per_tok) / double(std::max<size_t>(m.experts.size(), 1));
+    cost.bytes += experts.bytes * share, cost.elements += experts.elements * share;
+  }
+  return cost;
+}
+
+std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int32_t> pick(2, int32_t(vocab - 1));  // past BOS/EOS
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int32_t& id : ids) id = pick(rng);
+  return ids;
+}
+
+int32_t argmax(const std::vector<float>& logits) {
+  return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
+int run_bench(BenchOptions o) {
+  if (o.model.empty() == o.synthetic.empty())
+    fail(ErrorCode::invalid_input, "bench: give exactly one of --model DIR and --synthetic v4-flash|v4-pro");
+  if (o.chunk <= 0) o.chunk = o.device == "cuda" ? 8 : 512;  // CUDA: the decode kernels are its fastest path
+  const std::vector<int64_t> prompt_lens = parse_lengths(o.prompt_lens, "--prompt-lens");
+  const std::vector<int64_t> contexts = parse_lengths(o.contexts, "--contexts");
+
+  auto t0 = std::chrono::steady_clock::now();
+  std::unique_ptr<engine::Model> model;
+  std::string model_name = o.model;
+  if (!o.synthetic.empty()) {
+    std::string text = model::preset_config(o.synthetic);
+    if (o.layers > 0) text = model::with_layers(text, o.layers);
+    model = engine::Model::from_checkpoint(model::parse_config(text, o.synthetic),
+                                           model::synthetic_checkpoint(text, o.seed));
+    model_name = fmt::format("synthetic {} ({} layers, seed {})", o.synthetic, model->config().n_layers, o.seed);
+  } else {
+    model = engine::Model::load(o.model);
+  }
+  const model::ModelConfig& c = model->config();
+  const TokenCost cost = decode_cost(c, model->weights());
+  const std::string hardware = engine::device_name(o.device);
+  fmt::print(stderr, "{}: {} layers, {:.2f} GB of weights, ready in {:.1f} s\n", model_name, c.n_layers,
+             double(model->checkpoint().total_bytes()) / 1e9, seconds_since(t0));
+  fmt::print(stderr, "device {} ({}), numerics {}, prefill chunk {}\n", o.device, hardware, o.numerics, o.chunk);
+  fmt::print(stderr, "a decoded token reads {:.3f} GB of weights ({:.2f} G weights)\n", cost.bytes / 1e9,
+             cost.elements / 1e9);
+
+  engine::Engine eng(*model, engine::make_backend(o.device, parse_numerics(o.numerics)));
+  {  // warm-up: a device backend uploads each weight on its first use
+    t0 = std::chrono::steady_clock::now();
+    engine::SequenceState seq = eng.new_sequence();
+    eng.prefill(seq, random_ids(2, c.vocab_size, o.seed), o.chunk, false);
+    fmt::print(stderr, "warm-up (weights to the device): {:.1f} s\n", seconds_since(t0));
+  }
+
+  nlohmann::ordered_json base = {{"command", "dsv4 bench"}, {"model", model_name}, {"layers", c.n_layers},
+                                 {"device", o.device}, {"hardware", hardware}, {"numerics", o.numerics},
+                                 {"commit", o.commit}, {"chunk", o.chunk}};
+  std::vector<nlohmann::ordered_json> rows;
+  auto report = [&](nlohmann::ordered_json row) {
+    nlohmann::ordered_json full = base;
+    full.update(row);
+    rows.push_back(full);
+  };
+
+  std::vector<int64_t> lengths = prompt_lens;
+  lengths.insert(lengths.end(), contexts.begin(), contexts.end());
+  std::sort(lengths.begin(), lengths.end());
+  lengths.erase(std::unique(lengths.begin(), lengths.end()), lengths.end());
+  fmt::print("{:>9} {:>12} {:>10} {:>12} {:>10} {:>10}\n", "context", "prefill t/s", "fp8 frac", "decode t/s",
+             "GB/s", "HBM frac");
+  for (int64_t n : lengths) {
+    engine::SequenceState seq = eng.new_sequence();
+    const std::vector<int32_t> prompt = random_ids(n, c.vocab_size, o.seed + uint64_t(n));
+    t0 = std::chrono::steady_clock::now();
+    std::vector<float> logits = eng.prefill(seq, prompt, o.chunk, false);
+    const double prefill_s = seconds_since(t0);
+    const double prefill_tps = double(n) / prefill_s;
+    const double fp8_frac = 2.0 * cost.elements * prefill_tps / o.fp8_flops;
+    if (std::find(prompt_lens.begin(), prompt_lens.end(), n) != prompt_lens.end())
+      report({{"phase", "prefill"}, {"prompt_tokens", n}, {"seconds", prefill_s}, {"tok_s", prefill_tps},
+              {"weight_flops_per_token", 2.0 * cost.elements}, {"fp8_peak_flops", o.fp8_flops},
+              {"fp8_peak_fraction", fp8_frac}});
+    double decode_tps = 0, bw = 0;
+    if (std::find(contexts.begin(), contexts.end(), n) != contexts.end() && o.decode_tokens > 0) {
+      int32_t next = argmax(logits);
+      // --profile: the CUDA backend's per-op table covers decode at the largest context only.
+      if (o.profile && n == *std::max_element(contexts.begin(), contexts.end())) setenv("DSV4_CUDA_PROFILE", "1", 1);
+      t0 = std::chrono::steady_clock::now();
+      for (int64_t i = 0; i < o.decode_tokens; ++i)
+        next = argmax(eng.forward(seq, std::span<const int32_t>(&next, 1), false));
+      const double decode_s = seconds_since(t0);
+      decode_tps = double(o.decode_tokens) / decode_s;
+      bw = cost.bytes * decode_tps;
+      report({{"phase", "decode"}, {"context_tokens", n}, {"batch", 1}, {"decode_tokens", o.decode_tokens},
+              {"seconds", decode_s}, {"tok_s", decode_tps}, {"weight_bytes_per_token", cost.bytes},
+              {"bytes_per_s", bw}, {"hbm_bytes_per_s", o.hbm_bytes_per_s}, {"hbm_fraction", bw / o.hbm_bytes_per_s}});
+    }
+    fmt::print("{:>9} {:>12.1f} {:>10.4f} {:>12} {:>10} {:>10}\n", n, prefill_tps, fp8_frac,
+               decode_tps > 0 ? fmt::format("{:.1f}", decode_tps) : "-", bw > 0 ? fmt::format("{:.0f}", bw / 1e9) : "-",
+               bw > 0 ? fmt::format("{:.3f}", bw / o.hbm_bytes_per_s) : "-");
+    std::fflush(stdout);
+  }
+  fmt::print(stderr, "fractions against {:.2f} TB/s HBM and {:.0f} TFLOP/s dense FP8 (H200 datasheet)\n",
+             o.hbm_bytes_per_s / 1e12, o.fp8_flops / 1e12);
+  if (!o.json.empty()) {
+    std::ofstream f(o.json, std::ios::app);
+    if (!f) fail(ErrorCode::invalid_input, "{}: cannot append", o.json);
+    for (const auto& row : rows) f << row.dump() << "\n";
+  }
+  return 0;
+}
+
+const bool registered = register_command({"bench", "Prefill and decode speed, bytes per token, bandwidth fraction",
+    [](CLI::App& app) -> std::function<int()> {
+      auto o = std::make_shared<BenchOptions>();
+      app.add_option("--model", o->model, "checkpoint folder");
+      app.add_option("--synthetic", o->synthetic, "v4-flash | v4-pro: random weights at real shapes, in memory");
+      app.add_option("--layers", o->layers, "synthetic: keep the first N layers");
+      app.add_option("--seed", o->seed, "synthetic weights and prompt ids")->capture_default_str();
+      app.add_option("--device", o->device, "cpu | cuda")->capture_default_str();
+      app.add_option("--numerics", o->numerics, "deepseek | plain")->capture_default_str();
+      app.add_option("--prompt-lens", o->prompt_lens, "prompt lengths to time prefill on, e.g. 512,8192 (or none)")
+          ->capture_default_str();
+      app.add_option("--contexts", o->contexts, "context lengths to decode at, e.g. 4096,65536 (or none)")
+          ->capture_default_str();
+      app.add_option("--decode-tokens", o->decode_tokens, "tokens decoded at each context")->capture_default_str();
+      app.add_option("--chunk", o->chunk, "prefill chunk in tokens (default: 8 on cuda, 512 on cpu)");
+      app.add_option("--json", o->json, "append one JSON line per measurement to this file");
+      app.add_flag("--profile", o->profile,
+                   "cuda: GPU time per op class while decoding at the largest context, printed at the end (each "
+                   "op is waited for: the tok/s of that context is then not a speed figure)");
+      app.add_option("--commit", o->commit, "commit to record (default: the build's)")->capture_default_str();
+      app.add_option("--hbm-bytes-per-s", o->hbm_bytes_per_s, "memory bandwidth the fraction is taken of")
+          ->capture_default_str();
+      app.add_option("--fp8-flops", o->fp8_flops, "FP8 tensor-core peak the prefill fraction is taken of")
+          ->capture_default_str();
+      return [o] { return run_bench(*o); };
+    }});
+
+}  // namespace
+}  // namespace dsv4::cli
