@@ -29,7 +29,9 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/gemm_dmma.h"
 #include "backend/cuda/quant.cuh"
+#include "backend/cuda/weight_access.cuh"
 
 namespace dsv4::cuda {
 
@@ -38,42 +40,15 @@ namespace {
 constexpr int kWarps = 8;      // per block
 constexpr int kRows = 4;       // weight rows per warp: one conversion of x serves all four
 constexpr int kMaxTokens = 8;  // token rows per group: each weight load serves all of them
-constexpr int kFp8 = int(model::WeightFormat::fp8), kFp4 = int(model::WeightFormat::fp4),
-              kBf16 = int(model::WeightFormat::bf16), kF32 = int(model::WeightFormat::f32);
-
+// Products of many rows run on the FP64 tensor cores (gemm_dmma.cu), which read the weights once
+// per 64 rows: from 32 token rows, or for routed experts from 4 rows per expert on average.
+constexpr int64_t kDmmaMinRows = 32, kDmmaMinRowsPerExpert = 4;
 // Weight elements in a 16-byte chunk of a row.
 __host__ __device__ constexpr int chunk_elems(int format) {
   return format == kFp8 ? 16 : format == kFp4 ? 32 : format == kBf16 ? 8 : 4;
 }
 __host__ __device__ inline int64_t row_bytes(int format, int64_t K) {
   return format == kFp8 ? K : format == kFp4 ? K / 2 : format == kBf16 ? 2 * K : 4 * K;
-}
-
-// The stored value of W[o, i] without its block scale (e4m3 / e2m1 / bf16 / f32).
-__device__ inline float stored_value(const LinearView& W, int64_t o, int64_t i) {
-  switch (W.format) {
-    case kFp8: return e4m3_to_f32(W.data[o * W.in + i]);
-    case kFp4: {
-      const uint8_t byte = W.data[o * (W.in / 2) + i / 2];
-      return e2m1_to_f32((i & 1) ? byte >> 4 : byte & 0xf);  // low nibble = even element (§2.2)
-    }
-    case kBf16: return bf16_to_f32(reinterpret_cast<const uint16_t*>(W.data)[o * W.in + i]);
-    default: return reinterpret_cast<const float*>(W.data)[o * W.in + i];
-  }
-}
-
-// The scale of the block holding W[o, i] (FP8: 128×128 blocks; FP4: 1×32).
-__device__ inline float block_scale(const LinearView& W, int64_t o, int64_t i) {
-  const int64_t r = W.format == kFp8 ? o / 128 : o;
-  const int64_t c = W.format == kFp8 ? i / 128 : i / 32;
-  if (W.scale_is_f32) return reinterpret_cast<const float*>(W.scale)[r * W.scale_cols + c];
-  return e8m0_to_f32(W.scale[r * W.scale_cols + c]);
-}
-
-// The dequantized weight, as the CPU's decode_row(scaled = true): value · scale in fp32.
-__device__ inline float dequantized(const LinearView& W, int64_t o, int64_t i) {
-  const float v = stored_value(W, o, i);
-  return (W.format == kFp8 || W.format == kFp4) ? v * block_scale(W, o, i) : v;
 }
 
 // Phase 1: ActQuantFP8 of each 128-block of each source row. Grid (rows, K blocks), 128 threads,
@@ -320,6 +295,12 @@ void CudaBackend::gemm(const GemmRequest& r) {
                                                                                       qx + n_qx);
     DSV4_CUDA_LAUNCHED("linear (activation quantization)");
     a.x = qx, a.x_stride = K, a.sx = qx + n_qx;
+  }
+  if (r.table ? r.T >= kDmmaMinRowsPerExpert * r.n_views : r.T >= kDmmaMinRows) {
+    dmma_gemm({W, r.table, r.view_of_row, r.n_views, a.x, a.x_stride, r.x_div, a.sx, K, r.T, r.y, r.y_stride,
+               r.row0, r.rows, tiled, a.round_out},
+              stream_);
+    return;
   }
   a.x_vec = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && a.x_stride % 4 == 0;
 

@@ -22,7 +22,9 @@ std::string describe(const LinearCase& c) {
 TEST(CudaTwin, LinearAllFormatsAndSizes) {
   DSV4_REQUIRE_GPU();
   std::vector<LinearCase> cases;
-  for (auto [T, out, in] : {std::tuple{1, 1, 128}, {31, 17, 224}, {7, 256, 256}, {3, 128, 4096}, {2, 33, 96}}) {
+  for (auto [T, out, in] : {std::tuple{1, 1, 128}, {31, 17, 224}, {7, 256, 256}, {3, 128, 4096}, {2, 33, 96},
+                              // many rows: the FP64 tensor-core path, with tails in all three dimensions
+                              {97, 200, 320}, {70, 65, 4096}, {64, 64, 128}}) {
     for (WeightFormat f : {WeightFormat::fp8, WeightFormat::fp4}) {
       cases.push_back({f, Compute::quantized, T, out, in});
       cases.push_back({f, Compute::f32, T, out, in});
@@ -53,20 +55,23 @@ TEST(CudaTwin, LinearAllFormatsAndSizes) {
 // column slice of y (strides wider than the operands).
 TEST(CudaTwin, LinearRowRangeAndStrides) {
   DSV4_REQUIRE_GPU();
-  const int64_t T = 5, G = 2, R = 24, in_g = 64;
-  for (WeightFormat f : {WeightFormat::bf16, WeightFormat::fp8}) {
-    const std::string name = std::string("linear groups ") + model::to_string(f);
-    auto W = random_linear(name + ".w", f, G * R, in_g);
-    const std::vector<float> x = random_bf16(name + ".x", size_t(T * G * in_g));
-    const Compute compute = f == WeightFormat::bf16 ? Compute::bf16 : Compute::quantized;
-    expect_twins_both(name, [&](Side& s) {
-      float* y = s.out(size_t(T * G * R));
-      const float* xd = s.in(x);
-      for (int64_t g = 0; g < G; ++g) s->linear(W->W, compute, xd + g * in_g, G * in_g, T, y + g * R, G * R, g * R, R);
-      Outputs o;
-      o.add("y", s.read(y, size_t(T * G * R)));
-      return o;
-    });
+  const int64_t G = 2, R = 24, in_g = 64;
+  for (int64_t T : {5, 77}) {  // 77: the FP64 tensor-core path
+    for (WeightFormat f : {WeightFormat::bf16, WeightFormat::fp8}) {
+      const std::string name = std::string("linear groups ") + model::to_string(f) + " T" + std::to_string(T);
+      auto W = random_linear(name + ".w", f, G * R, in_g);
+      const std::vector<float> x = random_bf16(name + ".x", size_t(T * G * in_g));
+      const Compute compute = f == WeightFormat::bf16 ? Compute::bf16 : Compute::quantized;
+      expect_twins_both(name, [&](Side& s) {
+        float* y = s.out(size_t(T * G * R));
+        const float* xd = s.in(x);
+        for (int64_t g = 0; g < G; ++g)
+          s->linear(W->W, compute, xd + g * in_g, G * in_g, T, y + g * R, G * R, g * R, R);
+        Outputs o;
+        o.add("y", s.read(y, size_t(T * G * R)));
+        return o;
+      });
+    }
   }
 }
 

@@ -52,6 +52,8 @@ TEST(CudaTwin, RouteAndMoe) {
       {17, 33, 96, 64, 3, false, false, 0.0},   // odd expert count, no shared expert, no clamp
       {9, 33, 96, 64, 3, true, true, 0.5},      // hash, tight clamp
       {5, 256, 128, 64, 6, false, true, 10.0},  // V4-Flash expert count and k
+      {90, 8, 256, 128, 2, false, true, 10.0},  // prefill on the tensor cores: rows grouped by expert
+      {70, 33, 96, 64, 3, true, false, 0.5},    // … with a hash layer and partial expert tiles
   };
   for (const MoeCase& c : cases) {
     const std::string name = "route/moe T" + std::to_string(c.T) + " E" + std::to_string(c.E) + " D" +

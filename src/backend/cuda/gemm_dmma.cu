@@ -1,0 +1,241 @@
+// Many-row matrix products on the FP64 tensor cores (gemm_dmma.h says why FP64).
+//
+// Tiling: a block of 4 warps computes 64 token rows × 64 output rows, stepping K by 32. Each step
+// stages both operands in shared memory as doubles (the e4m3 / e2m1 / bf16 / fp32 values converted
+// exactly), then every warp runs mma.m8n8k4.f64 over its 32 × 32 quarter (4 × 4 fragments of
+// 8 × 8). In the quantized path the double fragments hold one K tile (128 for FP8 weights, 32 for
+// FP4) and are folded into fp32 accumulators at each tile's end, in increasing K: partial ·
+// (s_x · s_w) for FP8, (partial · s_x) · s_w for FP4 (§5), exactly as the CPU does.
+//
+// Routed experts (a table of views): the rows are first grouped by expert (a counting sort on the
+// device), and each block takes 64 rows of one group, so an expert's weights are read once per 64
+// tokens instead of once per token. Rows without an expert form a last group that writes zeros.
+#include "backend/cuda/gemm_dmma.h"
+#include "backend/cuda/weight_access.cuh"
+
+namespace dsv4::cuda {
+
+namespace {
+
+constexpr int kBM = 64, kBN = 64, kBK = 32, kThreads = 128;
+// Row pitch of the staged tiles, in doubles: +4 puts the 8 × 4 fragment reads of a half-warp on
+// 16 distinct bank pairs.
+constexpr int kPitch = kBK + 4;
+
+__device__ __forceinline__ void dmma(double (&d)[2], double a, double b) {
+  asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};"
+               : "+d"(d[0]), "+d"(d[1])
+               : "d"(a), "d"(b));
+}
+
+// Rows grouped by view: group g < n_views holds the rows of view g, group n_views those without
+// one. offsets[g] is the group's first position in `order`, offsets[n_views + 1] = T; every
+// 64-row tile of a group is listed in tile_group / tile_row0 (−1 past the last).
+struct Grouping {
+  int32_t* counts;   // [n_views + 1]
+  int32_t* offsets;  // [n_views + 2]
+  int32_t* cursor;   // [n_views + 1]
+  int32_t* order;    // [T]
+  int32_t* tile_group;
+  int32_t* tile_row0;
+  int64_t max_tiles;
+};
+
+__device__ __forceinline__ int64_t group_of(const int32_t* view_of_row, int64_t m, int64_t n_views) {
+  const int32_t v = view_of_row[m];
+  return v >= 0 && v < n_views ? v : n_views;
+}
+
+__global__ void count_rows_kernel(const int32_t* view_of_row, int64_t T, int64_t n_views, Grouping g) {
+  for (int64_t m = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; m < T; m += int64_t(gridDim.x) * blockDim.x)
+    atomicAdd(&g.counts[group_of(view_of_row, m, n_views)], 1);
+}
+
+// One thread: the groups are few (the experts of a layer), the tiles at most T/64 + groups.
+__global__ void plan_tiles_kernel(int64_t n_views, Grouping g) {
+  int64_t tile = 0, start = 0;
+  for (int64_t v = 0; v <= n_views; ++v) {
+    g.offsets[v] = int32_t(start);
+    g.cursor[v] = int32_t(start);
+    for (int64_t r = 0; r < g.counts[v]; r += kBM, ++tile) {
+      g.tile_group[tile] = int32_t(v);
+      g.tile_row0[tile] = int32_t(start + r);
+    }
+    start += g.counts[v];
+  }
+  g.offsets[n_views + 1] = int32_t(start);
+  for (; tile < g.max_tiles; ++tile) g.tile_group[tile] = -1;
+}
+
+// The order of rows inside a group follows the atomics, so it varies from run to run; each row's
+// result does not depend on it.
+__global__ void scatter_rows_kernel(const int32_t* view_of_row, int64_t T, int64_t n_views, Grouping g) {
+  for (int64_t m = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; m < T; m += int64_t(gridDim.x) * blockDim.x)
+    g.order[atomicAdd(&g.cursor[group_of(view_of_row, m, n_views)], 1)] = int32_t(m);
+}
+
+template <int kFormat, bool kTiled>
+__global__ void __launch_bounds__(kThreads) dmma_kernel(DmmaProblem p, Grouping g) {
+  __shared__ double As[kBM][kPitch];
+  __shared__ double Bs[kBN][kPitch];
+  __shared__ int64_t src_of[kBM];  // the x / qx row of each tile row, −1 for none
+  __shared__ int64_t out_of[kBM];  // its y row
+
+  // The tile's rows and weights.
+  LinearView W = p.W;
+  bool zeros = false;
+  if (p.table) {
+    const int32_t group = g.tile_group[blockIdx.y];
+    if (group < 0) return;
+    const int64_t r0 = g.tile_row0[blockIdx.y], end = g.offsets[group + 1];
+    zeros = group == p.n_views;
+    if (!zeros) W = p.table[group];
+    for (int i = threadIdx.x; i < kBM; i += kThreads) {
+      const int64_t m = r0 + i < end ? g.order[r0 + i] : -1;
+      out_of[i] = m;
+      src_of[i] = m < 0 ? -1 : m / p.x_div;
+    }
+  } else {
+    const int64_t r0 = int64_t(blockIdx.y) * kBM;
+    for (int i = threadIdx.x; i < kBM; i += kThreads) {
+      const int64_t m = r0 + i < p.T ? r0 + i : -1;
+      out_of[i] = m;
+      src_of[i] = m < 0 ? -1 : m / p.x_div;
+    }
+  }
+  __syncthreads();
+  const int64_t n0 = int64_t(blockIdx.x) * kBN, K = p.K;
+  if (zeros) {  // rows routed to no expert contribute nothing (as on the CPU)
+    for (int i = threadIdx.x; i < kBM * kBN; i += kThreads) {
+      const int r = i / kBN, c = i % kBN;
+      if (out_of[r] >= 0 && n0 + c < p.rows) p.y[out_of[r] * p.y_stride + n0 + c] = 0.0f;
+    }
+    return;
+  }
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wm = (warp / 2) * 32, wn = (warp % 2) * 32, fg = lane / 4, ft = lane % 4;
+  constexpr int64_t kTile = kFormat == kFp4 ? 32 : 128;
+  double d[4][4][2] = {};
+  float acc[4][4][2] = {};
+
+  for (int64_t k0 = 0; k0 < K; k0 += kBK) {
+    for (int i = threadIdx.x; i < kBM * kBK; i += kThreads) {
+      const int r = i / kBK, c = i % kBK;
+      const int64_t s = src_of[r], k = k0 + c;
+      float v = 0.0f;
+      if (s >= 0 && k < K) v = p.x[s * p.x_stride + k];
+      As[r][c] = v;
+    }
+    for (int i = threadIdx.x; i < kBN * kBK; i += kThreads) {
+      const int r = i / kBK, c = i % kBK;
+      const int64_t n = n0 + r, k = k0 + c;
+      float v = 0.0f;
+      if (n < p.rows && k < K) {
+        const int64_t o = p.row0 + n;
+        v = kTiled ? stored_value<kFormat>(W, o, k) : dequantized<kFormat>(W, o, k);
+      }
+      Bs[r][c] = v;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kBK; kk += 4) {
+      double a[4], b[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[i] = As[wm + i * 8 + fg][kk + ft];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) b[j] = Bs[wn + j * 8 + fg][kk + ft];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) dmma(d[i][j], a[i], b[j]);
+    }
+    __syncthreads();
+
+    // Quantized: the K tile ending here is complete; fold its exact partials (kBK divides kTile,
+    // so [k0, k0 + kBK) lies inside the tile starting at kt).
+    if (kTiled && ((k0 + kBK) % kTile == 0 || k0 + kBK >= K)) {
+      const int64_t kt = k0 / kTile * kTile;
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int64_t s = src_of[wm + i * 8 + fg], n = n0 + wn + j * 8 + 2 * ft + c;
+            if (s >= 0 && n < p.rows) {
+              const float partial = float(d[i][j][c]);
+              const float s_x = p.sx[s * ((K + 127) / 128) + kt / 128];
+              const float s_w = block_scale<kFormat>(W, p.row0 + n, kt);
+              acc[i][j][c] += kTile == 128 ? partial * (s_x * s_w) : (partial * s_x) * s_w;
+            }
+            d[i][j][c] = 0.0;
+          }
+    }
+  }
+
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int64_t m = out_of[wm + i * 8 + fg], n = n0 + wn + j * 8 + 2 * ft + c;
+        if (m < 0 || n >= p.rows) continue;
+        float v;
+        if (kTiled) {
+          v = round_bf16(acc[i][j][c]);
+        } else {
+          v = float(d[i][j][c]);
+          if (p.round_out) v = round_bf16(v);
+        }
+        p.y[m * p.y_stride + n] = v;
+      }
+}
+
+template <int kFormat>
+void launch(const DmmaProblem& p, const Grouping& g, dim3 grid, cudaStream_t stream) {
+  if (p.tiled)
+    dmma_kernel<kFormat, true><<<grid, kThreads, 0, stream>>>(p, g);
+  else
+    dmma_kernel<kFormat, false><<<grid, kThreads, 0, stream>>>(p, g);
+}
+
+}  // namespace
+
+void dmma_gemm(const DmmaProblem& p, cudaStream_t stream) {
+  if (p.T == 0 || p.rows == 0) return;
+  const int64_t col_tiles = (p.rows + kBN - 1) / kBN;
+  int64_t row_tiles = (p.T + kBM - 1) / kBM;
+  Grouping g{};
+  const int64_t groups = p.table ? p.n_views + 1 : 0;
+  if (p.table) row_tiles += groups;  // each group's last tile may be partial
+  DSV4_CUDA_REQUIRE(p.T < (int64_t(1) << 31) && row_tiles < 65536 && col_tiles < (int64_t(1) << 31),
+                    "linear: ", p.T, " tokens × ", p.rows, " rows exceed the launch grid");
+  // One scratch array for the grouping: counts, offsets, cursor, order, tile lists.
+  const int64_t n_ints = p.table ? groups + (groups + 1) + groups + p.T + 2 * row_tiles : 0;
+  DeviceArray<int32_t> scratch(stream, size_t(n_ints));
+  if (p.table) {
+    int32_t* s = scratch.get();
+    g = {s, s + groups, s + 2 * groups + 1, s + 3 * groups + 1, s + 3 * groups + 1 + p.T,
+         s + 3 * groups + 1 + p.T + row_tiles, row_tiles};
+    DSV4_CUDA_CHECK(cudaMemsetAsync(g.counts, 0, size_t(groups) * sizeof(int32_t), stream));
+    const unsigned blocks = unsigned(std::min<int64_t>((p.T + 255) / 256, 1024));
+    count_rows_kernel<<<blocks, 256, 0, stream>>>(p.view_of_row, p.T, p.n_views, g);
+    DSV4_CUDA_LAUNCHED("linear (count rows per expert)");
+    plan_tiles_kernel<<<1, 1, 0, stream>>>(p.n_views, g);
+    DSV4_CUDA_LAUNCHED("linear (plan expert tiles)");
+    scatter_rows_kernel<<<blocks, 256, 0, stream>>>(p.view_of_row, p.T, p.n_views, g);
+    DSV4_CUDA_LAUNCHED("linear (group rows by expert)");
+  }
+  const dim3 grid{unsigned(col_tiles), unsigned(row_tiles)};
+  switch (p.W.format) {
+    case kFp8: launch<kFp8>(p, g, grid, stream); break;
+    case kFp4: launch<kFp4>(p, g, grid, stream); break;
+    case kBf16: launch<kBf16>(p, g, grid, stream); break;
+    default: launch<kF32>(p, g, grid, stream); break;
+  }
+  DSV4_CUDA_LAUNCHED("linear (FP64 tensor cores)");
+}
+
+}  // namespace dsv4::cuda

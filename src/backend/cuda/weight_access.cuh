@@ -1,0 +1,48 @@
+// One element of a weight matrix on the device, read in its checkpoint format (architecture.md
+// §2.2): the stored value, its block scale, and the dequantized product the CPU's decode_row
+// computes. Shared by every GEMM kernel. kFormat (a model::WeightFormat as int) lets a kernel
+// templated on the format drop the switch; the default reads W.format at run time.
+#pragma once
+
+#include "backend/cuda/cuda_backend.h"
+#include "core/formats.h"
+
+namespace dsv4::cuda {
+
+constexpr int kFp8 = int(model::WeightFormat::fp8), kFp4 = int(model::WeightFormat::fp4),
+              kBf16 = int(model::WeightFormat::bf16), kF32 = int(model::WeightFormat::f32);
+constexpr int kRuntimeFormat = -1;
+
+// The stored value of W[o, i] without its block scale (e4m3 / e2m1 / bf16 / f32).
+template <int kFormat = kRuntimeFormat>
+__device__ __forceinline__ float stored_value(const LinearView& W, int64_t o, int64_t i) {
+  switch (kFormat == kRuntimeFormat ? W.format : kFormat) {
+    case kFp8: return e4m3_to_f32(W.data[o * W.in + i]);
+    case kFp4: {
+      const uint8_t byte = W.data[o * (W.in / 2) + i / 2];
+      return e2m1_to_f32((i & 1) ? byte >> 4 : byte & 0xf);  // low nibble = even element (§2.2)
+    }
+    case kBf16: return bf16_to_f32(reinterpret_cast<const uint16_t*>(W.data)[o * W.in + i]);
+    default: return reinterpret_cast<const float*>(W.data)[o * W.in + i];
+  }
+}
+
+// The scale of the block holding W[o, i] (FP8: 128×128 blocks; FP4: 1×32).
+template <int kFormat = kRuntimeFormat>
+__device__ __forceinline__ float block_scale(const LinearView& W, int64_t o, int64_t i) {
+  const bool fp8 = (kFormat == kRuntimeFormat ? W.format : kFormat) == kFp8;
+  const int64_t r = fp8 ? o / 128 : o;
+  const int64_t c = fp8 ? i / 128 : i / 32;
+  if (W.scale_is_f32) return reinterpret_cast<const float*>(W.scale)[r * W.scale_cols + c];
+  return e8m0_to_f32(W.scale[r * W.scale_cols + c]);
+}
+
+// The dequantized weight, as the CPU's decode_row(scaled = true): value · scale in fp32.
+template <int kFormat = kRuntimeFormat>
+__device__ __forceinline__ float dequantized(const LinearView& W, int64_t o, int64_t i) {
+  const int format = kFormat == kRuntimeFormat ? W.format : kFormat;
+  const float v = stored_value<kFormat>(W, o, i);
+  return (format == kFp8 || format == kFp4) ? v * block_scale<kFormat>(W, o, i) : v;
+}
+
+}  // namespace dsv4::cuda
