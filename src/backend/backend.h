@@ -70,6 +70,9 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
   Numerics numerics() const { return numerics_; }
+  // Device memory still free for weights, state and activations, in bytes. 0 for a backend that
+  // works in host memory and maps the weights in place (the CPU: the OS pages them in).
+  virtual size_t device_memory_free() const { return 0; }
 
   // ---- memory ----------------------------------------------------------------------------------
   virtual float* alloc(size_t n_floats) = 0;

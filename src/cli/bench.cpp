@@ -14,10 +14,13 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include <unistd.h>
+
 #include "cli/common.h"
 #include "core/error.h"
 #include "engine/device.h"
 #include "engine/engine.h"
+#include "engine/memory_plan.h"
 #include "model/synthetic.h"
 
 #ifndef DSV4_COMMIT
@@ -164,14 +167,34 @@ int run_bench(BenchOptions o) {
   auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<engine::Model> model;
   std::string model_name = o.model;
+  std::unique_ptr<Backend> backend = engine::make_backend(o.device, parse_numerics(o.numerics));
+  // The plan is printed, and checked against the device, before any weight is made or uploaded.
+  int64_t longest = 1;
+  for (int64_t n : prompt_lens) longest = std::max(longest, n);
+  for (int64_t n : contexts) longest = std::max(longest, n + o.decode_tokens);
+  auto check_plan = [&](const model::ModelConfig& config, size_t stored_bytes) {
+    const engine::MemoryPlan plan = engine::plan_memory(config, stored_bytes, o.chunk);
+    fmt::print(stderr, "{}", plan.describe(longest));
+    engine::require_fits(plan, backend->device_memory_free(), backend->name(), 1, longest);
+  };
   if (!o.synthetic.empty()) {
     std::string text = model::preset_config(o.synthetic);
     if (o.layers > 0) text = model::with_layers(text, o.layers);
-    model = engine::Model::from_checkpoint(model::parse_config(text, o.synthetic),
-                                           model::synthetic_checkpoint(text, o.seed));
+    const model::ModelConfig config = model::parse_config(text, o.synthetic);
+    const size_t stored = model::expected_bytes(config, true);
+    check_plan(config, stored);
+    // Synthetic weights are made in host memory: refuse clearly instead of failing an allocation.
+    const size_t host_free = size_t(sysconf(_SC_AVPHYS_PAGES)) * size_t(sysconf(_SC_PAGE_SIZE));
+    if (stored > host_free)
+      fail(ErrorCode::out_of_memory,
+           "synthetic {} ({} layers): {:.1f} GB of weights are made in host memory, which has {:.1f} GB free; "
+           "use --layers N",
+           o.synthetic, config.n_layers, double(stored) / 1e9, double(host_free) / 1e9);
+    model = engine::Model::from_checkpoint(config, model::synthetic_checkpoint(text, o.seed));
     model_name = fmt::format("synthetic {} ({} layers, seed {})", o.synthetic, model->config().n_layers, o.seed);
   } else {
     model = engine::Model::load(o.model);
+    check_plan(model->config(), model->checkpoint().total_bytes());
   }
   const model::ModelConfig& c = model->config();
   const TokenCost cost = decode_cost(c, model->weights());
@@ -182,7 +205,7 @@ int run_bench(BenchOptions o) {
   fmt::print(stderr, "a decoded token reads {:.3f} GB of weights ({:.2f} G weights)\n", cost.bytes / 1e9,
              cost.elements / 1e9);
 
-  engine::Engine eng(*model, engine::make_backend(o.device, parse_numerics(o.numerics)));
+  engine::Engine eng(*model, std::move(backend));
   {  // warm-up: a device backend uploads each weight on its first use
     t0 = std::chrono::steady_clock::now();
     engine::SequenceState seq = eng.new_sequence();

@@ -29,9 +29,12 @@ int run_generate(const GenerateOptions& o) {
   const auto& c = model->config();
   fmt::print(stderr, "{}: {} layers, hidden {}, vocab {}, numerics {}\n", o.model, c.n_layers, c.hidden_size,
              c.vocab_size, o.numerics);
-  fmt::print(stderr, "{}", engine::plan_memory(c, model->checkpoint().total_bytes(), o.chunk)
-                               .describe(int64_t(prompt.size()) + o.max_tokens));
-  engine::Engine eng(*model, engine::make_backend(o.device, parse_numerics(o.numerics)));
+  const int64_t context = int64_t(prompt.size()) + o.max_tokens;
+  const engine::MemoryPlan plan = engine::plan_memory(c, model->checkpoint().total_bytes(), o.chunk);
+  fmt::print(stderr, "{}", plan.describe(context));
+  std::unique_ptr<Backend> backend = engine::make_backend(o.device, parse_numerics(o.numerics));
+  engine::require_fits(plan, backend->device_memory_free(), backend->name(), 1, context);
+  engine::Engine eng(*model, std::move(backend));
   engine::SequenceState seq = eng.new_sequence();
   engine::Sampler sampler(o.sampling);
 

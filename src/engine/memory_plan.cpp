@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "core/error.h"
+
 namespace dsv4::engine {
 
 static std::string human(double bytes) {
@@ -17,6 +19,7 @@ MemoryPlan plan_memory(const model::ModelConfig& c, size_t weight_bytes, int64_t
                        size_t bytes_per_value) {
   MemoryPlan p;
   p.weight_bytes = weight_bytes;
+  p.running_weight_bytes = model::expected_bytes(c, false);
   p.chunk_tokens = chunk_tokens;
   const double v = double(bytes_per_value);
   for (int64_t il = 0; il < c.n_layers; ++il) {
@@ -49,12 +52,28 @@ std::string MemoryPlan::describe(int64_t context_tokens) const {
   return fmt::format(
       "memory plan:\n"
       "  weights (mapped as stored)      {}\n"
+      "  weights run (on a GPU: copied)  {}\n"
       "  state per sequence, fixed       {}\n"
       "  state per sequence, per token   {:.1f} B\n"
       "  state at {} tokens            {}\n"
       "  activations per chunk of {}     {}\n",
-      human(double(weight_bytes)), human(double(state_fixed_bytes)), state_bytes_per_token, context_tokens,
+      human(double(weight_bytes)), human(double(running_weight_bytes)), human(double(state_fixed_bytes)), state_bytes_per_token, context_tokens,
       human(double(state_bytes(context_tokens))), chunk_tokens, human(double(activation_bytes)));
+}
+
+void require_fits(const MemoryPlan& plan, size_t available, const std::string& device, int64_t sequences,
+                  int64_t context_tokens) {
+  if (available == 0) return;
+  const size_t state = plan.state_bytes(context_tokens) * size_t(sequences);
+  const size_t needed = plan.running_weight_bytes + state + plan.activation_bytes;
+  if (needed <= available) return;
+  fail(ErrorCode::out_of_memory,
+       "does not fit on the {} device: weights {} + state of {} sequence(s) at {} tokens {} + activations of a "
+       "{}-token chunk {} = {}, but {} are free: short by {}. Use fewer layers (synthetic), a shorter context, "
+       "fewer sequences or a smaller chunk",
+       device, human(double(plan.running_weight_bytes)), sequences, context_tokens, human(double(state)),
+       plan.chunk_tokens, human(double(plan.activation_bytes)), human(double(needed)), human(double(available)),
+       human(double(needed - available)));
 }
 
 }  // namespace dsv4::engine

@@ -12,6 +12,7 @@ namespace dsv4::engine {
 
 struct MemoryPlan {
   size_t weight_bytes = 0;            // as stored (mapped, not copied)
+  size_t running_weight_bytes = 0;    // those the engine runs (all but the MTP block): a GPU holds these
   size_t state_fixed_bytes = 0;       // per sequence: rings and compressor carries
   double state_bytes_per_token = 0;   // per sequence: compressed rows and indexer keys, amortised
   size_t activation_bytes = 0;        // per prefill chunk, largest layer's working set (estimate)
@@ -23,8 +24,15 @@ struct MemoryPlan {
   std::string describe(int64_t context_tokens) const;
 };
 
-// Bytes per stored value: the CPU backend keeps state and activations in fp32.
+// Bytes per stored value: the backends keep state and activations in fp32.
 MemoryPlan plan_memory(const model::ModelConfig& config, size_t weight_bytes, int64_t chunk_tokens,
                        size_t bytes_per_value = 4);
+
+// Refuses, naming every part and the shortfall, when the weights the engine runs, the state of
+// `sequences` sequences at `context_tokens` each and one chunk's activations exceed the
+// `available` bytes of `device` (Backend::device_memory_free(); 0, a backend working in host
+// memory, is not checked). Called after the plan is printed and before anything is uploaded.
+void require_fits(const MemoryPlan& plan, size_t available, const std::string& device, int64_t sequences,
+                  int64_t context_tokens);
 
 }  // namespace dsv4::engine

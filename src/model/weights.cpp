@@ -308,4 +308,15 @@ std::vector<TensorSpec> expected_tensors(const ModelConfig& c) {
   return b.listed();
 }
 
+size_t expected_bytes(const ModelConfig& c, bool with_mtp) {
+  size_t total = 0;
+  for (const TensorSpec& t : expected_tensors(c)) {
+    if (!with_mtp && t.name.starts_with("mtp.")) continue;
+    size_t n = dtype_size(t.dtype);
+    for (int64_t d : t.shape) n *= size_t(d);
+    total += n;
+  }
+  return total;
+}
+
 }  // namespace dsv4::model

@@ -118,5 +118,7 @@ struct TensorSpec {
   std::vector<int64_t> shape;
 };
 std::vector<TensorSpec> expected_tensors(const ModelConfig& config);
+// Their bytes, with or without the MTP block (which the engine loads but does not run).
+size_t expected_bytes(const ModelConfig& config, bool with_mtp);
 
 }  // namespace dsv4::model

@@ -78,6 +78,7 @@ class CudaBackend final : public Backend {
   explicit CudaBackend(Numerics numerics);
   ~CudaBackend() override;
   std::string name() const override { return "cuda"; }
+  size_t device_memory_free() const override;
 
   float* alloc(size_t n_floats) override;
   void release(float* p) override;

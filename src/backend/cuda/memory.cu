@@ -42,6 +42,12 @@ CudaBackend::~CudaBackend() {
   cudaStreamDestroy(stream_);
 }
 
+size_t CudaBackend::device_memory_free() const {
+  size_t free = 0, total = 0;
+  DSV4_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return free;
+}
+
 float* CudaBackend::alloc(size_t n) {
   void* p = nullptr;
   DSV4_CUDA_CHECK(cudaMallocAsync(&p, n * sizeof(float), stream_));
