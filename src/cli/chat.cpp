@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
-#include <filesystem>
 #include <iostream>
 
 #include "cli/common.h"
@@ -17,20 +16,13 @@
 #include "tokenizer/output_parser.h"
 #include "tokenizer/tokenizer.h"
 
-#ifndef DSV4_CHAT_MODEL
-#define DSV4_CHAT_MODEL "build/models/tiny-chat"
-#endif
-#ifndef DSV4_SOURCE_DIR
-#define DSV4_SOURCE_DIR "."
-#endif
-
 namespace dsv4::cli {
 namespace {
 
 namespace tk = dsv4::tokenizer;
 
 struct ChatCliOptions {
-  std::string model = DSV4_CHAT_MODEL;
+  std::string model = default_chat_model_dir();
   std::string tokenizer;
   std::string system;
   std::string numerics = "deepseek";
@@ -41,18 +33,9 @@ struct ChatCliOptions {
   engine::SamplingParams sampling{0.6f, 0, 0.95f, 0};
 };
 
-// DIR/tokenizer.json, else the V4 tokenizer that scripts/setup copies for the tests.
-std::string find_tokenizer(const ChatCliOptions& o) {
-  if (!o.tokenizer.empty()) return o.tokenizer;
-  for (const std::string& p : {o.model + "/tokenizer.json",
-                               std::string(DSV4_SOURCE_DIR) + "/tests/fixtures/tokenizer/deepseek-v4-tokenizer.json"})
-    if (std::filesystem::exists(p)) return p;
-  fail(ErrorCode::not_found, "{}: no tokenizer.json; pass --tokenizer FILE (scripts/setup fetches the V4 one)", o.model);
-}
-
 int run_chat(const ChatCliOptions& o) {
   auto model = engine::Model::load(o.model);
-  const tk::Tokenizer tok = tk::Tokenizer::load(find_tokenizer(o));
+  const tk::Tokenizer tok = tk::Tokenizer::load(find_tokenizer(o.model, o.tokenizer));
   const auto& c = model->config();
   if (tok.vocab_size() > c.vocab_size)
     fail(ErrorCode::invalid_input, "{}: vocabulary of {} tokens, the tokenizer has {}: not a chat model", o.model,

@@ -1,11 +1,18 @@
 #include "cli/common.h"
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "core/error.h"
 
+#ifndef DSV4_CHAT_MODEL
+#define DSV4_CHAT_MODEL "build/models/tiny-chat"
+#endif
+#ifndef DSV4_SOURCE_DIR
+#define DSV4_SOURCE_DIR "."
+#endif
 #ifndef DSV4_DEFAULT_MODEL
 #define DSV4_DEFAULT_MODEL "tests/fixtures/models/tiny-flash"
 #endif
@@ -13,6 +20,16 @@
 namespace dsv4::cli {
 
 std::string default_model_dir() { return DSV4_DEFAULT_MODEL; }
+
+std::string default_chat_model_dir() { return DSV4_CHAT_MODEL; }
+
+std::string find_tokenizer(const std::string& model_dir, const std::string& explicit_path) {
+  if (!explicit_path.empty()) return explicit_path;
+  for (const std::string& p : {model_dir + "/tokenizer.json",
+                               std::string(DSV4_SOURCE_DIR) + "/tests/fixtures/tokenizer/deepseek-v4-tokenizer.json"})
+    if (std::filesystem::exists(p)) return p;
+  fail(ErrorCode::not_found, "{}: no tokenizer.json; pass --tokenizer FILE (scripts/setup fetches the V4 one)", model_dir);
+}
 
 std::vector<int32_t> parse_token_list(const std::string& text) {
   std::vector<int32_t> ids;

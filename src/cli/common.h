@@ -13,6 +13,13 @@ namespace dsv4::cli {
 // The folder of the bundled default model (tiny random weights; see README).
 std::string default_model_dir();
 
+// The demo chat model made at build time (the real vocabulary, random weights; see README).
+std::string default_chat_model_dir();
+
+// `explicit_path` if given, else MODEL_DIR/tokenizer.json, else the V4 tokenizer that
+// scripts/setup fetches for the tests.
+std::string find_tokenizer(const std::string& model_dir, const std::string& explicit_path);
+
 // Parses "1, 2 3" or a JSON array "[1,2,3]" into token ids; errors name the bad entry.
 std::vector<int32_t> parse_token_list(const std::string& text);
 // Reads {"tokens": [...]} from a JSON file.

@@ -27,6 +27,7 @@ static int exit_code(ErrorCode code) {
     case ErrorCode::not_found: return 3;
     case ErrorCode::unsupported: return 4;
     case ErrorCode::out_of_memory: return 5;
+    case ErrorCode::unavailable: return 6;
     case ErrorCode::internal: return 70;
   }
   return 1;

@@ -12,7 +12,14 @@
 
 namespace dsv4 {
 
-enum class ErrorCode { invalid_input, not_found, unsupported, out_of_memory, internal };
+enum class ErrorCode {
+  invalid_input,
+  not_found,
+  unsupported,
+  out_of_memory,
+  unavailable,  // cannot take the work now, try later (the server's queue is full, it is shutting down)
+  internal,
+};
 
 const char* to_string(ErrorCode code);
 

@@ -36,6 +36,21 @@ class Model {
 // the oracle's dumps.
 using Tracer = std::function<void(const std::string& name, const std::vector<int64_t>& shape, const float* data)>;
 
+// Which logits a step of forward_batch returns.
+enum class LogitRows {
+  none,  // a prefill chunk that is not the prompt's last
+  last,  // [vocab] for the step's last token (generation)
+  all,   // [T, vocab]
+};
+
+// One sequence's share of a batched forward: its state, the tokens to run at positions
+// [seq->n_past, seq->n_past + tokens.size()), and the logits wanted back.
+struct Step {
+  SequenceState* seq = nullptr;
+  std::span<const int32_t> tokens;
+  LogitRows logits = LogitRows::last;
+};
+
 class Engine {
  public:
   Engine(const Model& model, std::unique_ptr<Backend> backend);
@@ -48,6 +63,14 @@ class Engine {
   std::vector<float> forward(SequenceState& seq, std::span<const int32_t> tokens, bool all_logits,
                              const Tracer* tracer = nullptr);
 
+  // Runs several sequences' steps in one layer-major pass (continuous batching): every row-wise
+  // op (embed, mHC, norms, linears, routing, MoE, head) runs once over the concatenated rows; the
+  // attention core (compressors, indexer, window, attention) runs per sequence on its rows. Every
+  // op is row-independent, so each sequence's logits and state are bit-identical to running its
+  // step alone. Returns one logits vector per step (empty for LogitRows::none). A sequence may
+  // appear only once; all steps are validated before anything runs. forward() is the one-step case.
+  std::vector<std::vector<float>> forward_batch(std::span<const Step> steps, const Tracer* tracer = nullptr);
+
   // forward() in chunks of at most `chunk` tokens (0: one chunk); same results as one pass.
   // `progress(done, total)` is called after each chunk.
   using Progress = std::function<void(int64_t done, int64_t total)>;
@@ -58,9 +81,16 @@ class Engine {
   Backend& backend() { return *backend_; }
 
  private:
-  void attention_sublayer(const model::LayerWeights& lw, LayerState& ls, int64_t p0, int64_t T, float* X,
+  // A step's rows inside the concatenated batch: rows [row0, row0 + n) at positions [p0, p0 + n).
+  struct Segment {
+    SequenceState* seq;
+    int64_t row0, n, p0;
+  };
+  void attention_sublayer(const model::LayerWeights& lw, std::span<const Segment> segments, int64_t T, float* X,
                           const Tracer* tracer);
   void moe_sublayer(const model::LayerWeights& lw, const int32_t* tokens, int64_t T, float* X, const Tracer* tracer);
+  // Rejects bad tokens, positions past the model's limit and a sequence given twice.
+  void validate(std::span<const Step> steps) const;
 
   // Every sublayer is wrapped the same way (§3.2): mHC pre collapses the hc streams into the
   // normalised sublayer input x; mHC post mixes the sublayer output back into the streams.

@@ -1,6 +1,7 @@
 // The forward pass as a story (architecture.md §3.1–§3.2): embed into hc streams, then per layer an
 // attention sublayer and a MoE sublayer, each wrapped in mHC pre/post; finally the HC head, the
 // norm and the LM head. Layer-major: a chunk of tokens passes through one layer before the next.
+// A batch is several sequences' chunks as one set of rows (forward_batch); forward() is a batch of one.
 #include <cmath>
 
 #include "core/error.h"
@@ -25,42 +26,83 @@ void Engine::trace(const Tracer* tracer, const std::string& name, const float* d
 
 std::vector<float> Engine::forward(SequenceState& seq, std::span<const int32_t> tokens, bool all_logits,
                                    const Tracer* tracer) {
+  const Step step{&seq, tokens, all_logits ? LogitRows::all : LogitRows::last};
+  return std::move(forward_batch(std::span<const Step>(&step, 1), tracer)[0]);
+}
+
+void Engine::validate(std::span<const Step> steps) const {
+  const model::ModelConfig& c = config();
+  if (steps.empty()) fail(ErrorCode::invalid_input, "forward: no steps");
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const Step& s = steps[i];
+    const int64_t T = int64_t(s.tokens.size()), p0 = s.seq->n_past;
+    if (T == 0) fail(ErrorCode::invalid_input, "forward: no tokens");
+    for (int64_t t = 0; t < T; ++t)
+      if (s.tokens[size_t(t)] < 0 || s.tokens[size_t(t)] >= c.vocab_size)
+        fail(ErrorCode::invalid_input, "token {} at position {}: outside the vocabulary [0, {})",
+             s.tokens[size_t(t)], p0 + t, c.vocab_size);
+    if (p0 + T > c.max_position_embeddings)
+      fail(ErrorCode::invalid_input, "positions up to {} exceed max_position_embeddings {}", p0 + T,
+           c.max_position_embeddings);
+    for (size_t j = 0; j < i; ++j)
+      if (steps[j].seq == s.seq) fail(ErrorCode::invalid_input, "forward_batch: steps {} and {}: the same sequence", j, i);
+  }
+}
+
+std::vector<std::vector<float>> Engine::forward_batch(std::span<const Step> steps, const Tracer* tracer) {
+  validate(steps);
   const model::ModelConfig& c = config();
   const model::Weights& w = model_.weights();
-  const int64_t T = int64_t(tokens.size()), D = c.hidden_size, hc = c.hc_mult, p0 = seq.n_past;
-  if (T == 0) fail(ErrorCode::invalid_input, "forward: no tokens");
-  for (int64_t t = 0; t < T; ++t)
-    if (tokens[size_t(t)] < 0 || tokens[size_t(t)] >= c.vocab_size)
-      fail(ErrorCode::invalid_input, "token {} at position {}: outside the vocabulary [0, {})", tokens[size_t(t)],
-           p0 + t, c.vocab_size);
-  if (p0 + T > c.max_position_embeddings)
-    fail(ErrorCode::invalid_input, "positions up to {} exceed max_position_embeddings {}", p0 + T,
-         c.max_position_embeddings);
+  const int64_t D = c.hidden_size, hc = c.hc_mult, V = c.vocab_size;
   Backend& b = *backend_;
 
+  // The batch's rows: each step's tokens, concatenated in step order.
+  std::vector<Segment> segments;
+  std::vector<int32_t> all_tokens;
+  for (const Step& s : steps) {
+    segments.push_back({s.seq, int64_t(all_tokens.size()), int64_t(s.tokens.size()), s.seq->n_past});
+    all_tokens.insert(all_tokens.end(), s.tokens.begin(), s.tokens.end());
+  }
+  const int64_t T = int64_t(all_tokens.size());
+
   IdBuffer ids(b, size_t(T));
-  b.ids_from_host(ids.get(), tokens.data(), size_t(T));
+  b.ids_from_host(ids.get(), all_tokens.data(), size_t(T));
   Buffer X(b, size_t(T * hc * D));
   b.embed(w.embed, ids.get(), T, hc, X.get());
 
   for (const model::LayerWeights& lw : w.layers) {
-    attention_sublayer(lw, seq.layers[size_t(lw.il)], p0, T, X.get(), tracer);
+    attention_sublayer(lw, segments, T, X.get(), tracer);
     moe_sublayer(lw, ids.get(), T, X.get(), tracer);
   }
 
-  // Logits only for the rows asked for: the head is the largest matrix of the model.
-  const int64_t first = all_logits ? 0 : T - 1, n_out = T - first;
-  const float* X_out = X.get() + first * hc * D;
-  Buffer y(b, size_t(n_out * D)), z(b, size_t(n_out * D)), logits(b, size_t(n_out * c.vocab_size));
-  b.hc_head(w.hc_head, X_out, n_out, hc, D, c.hc_eps, c.rms_norm_eps, y.get());
-  trace(tracer, "final.y", y.get(), {n_out, D});
-  b.rms_norm(y.get(), w.norm.data(), n_out, D, c.rms_norm_eps, z.get());
-  b.linear(w.head, Compute::f32, z.get(), n_out, logits.get());
-  trace(tracer, "logits", logits.get(), {n_out, c.vocab_size});
-
-  seq.n_past += T;
-  std::vector<float> out(static_cast<size_t>(n_out * c.vocab_size));
-  b.to_host(out.data(), logits.get(), out.size());
+  // Logits only for the rows asked for: the head is the largest matrix of the model. The wanted
+  // rows of X are gathered first so the head runs once.
+  std::vector<int64_t> n_out_of(steps.size(), 0);
+  int64_t n_out = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const LogitRows want = steps[i].logits;
+    n_out_of[i] = want == LogitRows::all ? segments[i].n : want == LogitRows::last ? 1 : 0;
+    n_out += n_out_of[i];
+  }
+  std::vector<std::vector<float>> out(steps.size());
+  if (n_out > 0) {
+    Buffer X_out(b, size_t(n_out * hc * D));
+    for (size_t i = 0, row = 0; i < steps.size(); row += size_t(n_out_of[i]), ++i) {
+      const int64_t first = segments[i].row0 + segments[i].n - n_out_of[i];
+      b.copy(X_out.get() + int64_t(row) * hc * D, X.get() + first * hc * D, size_t(n_out_of[i] * hc * D));
+    }
+    Buffer y(b, size_t(n_out * D)), z(b, size_t(n_out * D)), logits(b, size_t(n_out * V));
+    b.hc_head(w.hc_head, X_out.get(), n_out, hc, D, c.hc_eps, c.rms_norm_eps, y.get());
+    trace(tracer, "final.y", y.get(), {n_out, D});
+    b.rms_norm(y.get(), w.norm.data(), n_out, D, c.rms_norm_eps, z.get());
+    b.linear(w.head, Compute::f32, z.get(), n_out, logits.get());
+    trace(tracer, "logits", logits.get(), {n_out, V});
+    for (size_t i = 0, row = 0; i < steps.size(); row += size_t(n_out_of[i]), ++i) {
+      out[i].resize(size_t(n_out_of[i] * V));
+      if (n_out_of[i] > 0) b.to_host(out[i].data(), logits.get() + int64_t(row) * V, out[i].size());
+    }
+  }
+  for (const Step& s : steps) s.seq->n_past += int64_t(s.tokens.size());
   return out;
 }
 
@@ -72,8 +114,10 @@ std::vector<float> Engine::prefill(SequenceState& seq, std::span<const int32_t> 
   for (int64_t t0 = 0; t0 < T; t0 += chunk) {
     const int64_t n = std::min(chunk, T - t0);
     const bool last = t0 + n == T;
-    std::vector<float> part = forward(seq, tokens.subspan(size_t(t0), size_t(n)), all_logits);
-    if (all_logits || last) out.insert(out.end(), part.begin(), part.end());
+    const Step step{&seq, tokens.subspan(size_t(t0), size_t(n)),
+                    all_logits ? LogitRows::all : last ? LogitRows::last : LogitRows::none};
+    std::vector<float> part = std::move(forward_batch(std::span<const Step>(&step, 1))[0]);
+    out.insert(out.end(), part.begin(), part.end());
     if (progress) progress(t0 + n, T);
   }
   return out;

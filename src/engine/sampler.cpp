@@ -38,8 +38,31 @@ int32_t Sampler::sample(std::span<const float> logits) {
       }
     }
   }
+  for (size_t i = 1; i < keep; ++i)  // p is descending: cut at the first one below the floor
+    if (p[i] < params_.min_p * p[0]) {
+      keep = i;
+      break;
+    }
   std::discrete_distribution<size_t> pick(p.begin(), p.begin() + std::ptrdiff_t(keep));
   return order[pick(rng_)];
+}
+
+Logprobs logprobs_of(std::span<const float> logits, int32_t chosen, int64_t n_top) {
+  const int64_t V = int64_t(logits.size());
+  const double mx = *std::max_element(logits.begin(), logits.end());
+  double sum = 0.0;
+  for (float l : logits) sum += std::exp(double(l) - mx);
+  const double log_z = mx + std::log(sum);
+  Logprobs out;
+  out.chosen = float(double(logits[size_t(chosen)]) - log_z);
+  const int64_t k = std::min(n_top, V);
+  std::vector<int32_t> order(static_cast<size_t>(V));
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+    return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
+  });
+  for (int64_t i = 0; i < k; ++i) out.top.push_back({order[size_t(i)], float(double(logits[size_t(order[size_t(i)])]) - log_z)});
+  return out;
 }
 
 }  // namespace dsv4::engine

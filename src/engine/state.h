@@ -49,11 +49,31 @@ struct LayerState {
   CompressorState index_compressor;  //                (CSA)
 };
 
+// A sequence's whole state at one position, kept for prefix reuse (the prefix cache): the ring,
+// the compressed rows and indexer keys so far, and the fp32 compressor carries. The ring and the
+// carries are overwritten as a sequence advances, so they are copied; compressed rows only depend
+// on earlier tokens, so a copy of the rows up to the position is exact.
+struct LayerSnapshot {
+  Buffer ring;
+  Buffer compressed, index_keys;
+  int64_t n_compressed = 0, n_index_keys = 0;
+  Buffer compressor_a, compressor_s, index_compressor_a, index_compressor_s;
+};
+
+struct StateSnapshot {
+  int64_t n_past = 0;
+  std::vector<LayerSnapshot> layers;
+  size_t bytes = 0;
+};
+
 class SequenceState {
  public:
   SequenceState(Backend& backend, const model::ModelConfig& config, const model::Weights& weights);
   // Back to an empty sequence (compressor carries to a = 0, s = −∞).
   void reset();
+  StateSnapshot snapshot() const;
+  // Puts the sequence in the snapshot's state (continuing from there gives bit-identical results).
+  void restore(const StateSnapshot& snapshot);
   int64_t n_past = 0;  // positions already processed
   std::vector<LayerState> layers;
   size_t bytes() const;

@@ -1,0 +1,266 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace dsv4::engine {
+
+// ---- RequestStream ---------------------------------------------------------------------------------
+
+RequestStream::Update RequestStream::wait(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  ready_.wait_for(lock, timeout, [&] { return !tokens_.empty() || finished_; });
+  Update update;
+  update.tokens.swap(tokens_);
+  if (finished_) update.finished = std::move(finished_);
+  finished_.reset();
+  return update;
+}
+
+void RequestStream::push(TokenEvent event) {
+  std::lock_guard lock(mutex_);
+  tokens_.push_back(std::move(event));
+  ready_.notify_all();
+}
+
+void RequestStream::finish(Finished finished) {
+  std::lock_guard lock(mutex_);
+  finished_ = std::move(finished);
+  ready_.notify_all();
+}
+
+// ---- Scheduler -------------------------------------------------------------------------------------
+
+// A running request: its state, what it has been fed, and where it stands.
+struct Scheduler::Sequence {
+  Sequence(Pending pending, SequenceState fresh)
+      : stream(std::move(pending.stream)),
+        request(std::move(pending.request)),
+        reserve_bytes(pending.reserve_bytes),
+        state(std::move(fresh)),
+        sampler(request.sampling) {}
+
+  std::shared_ptr<RequestStream> stream;
+  GenerationRequest request;
+  size_t reserve_bytes;
+  SequenceState state;
+  Sampler sampler;
+  std::vector<int32_t> fed;  // exactly the tokens `state` holds
+  int64_t cached_tokens = 0;
+  int64_t n_generated = 0;
+  int32_t next_token = -1;  // sampled, to be fed at the next step
+  bool done = false;
+
+  bool prefilling() const { return int64_t(fed.size()) < int64_t(request.prompt.size()); }
+};
+
+Scheduler::Scheduler(Engine& engine, const MemoryPlan& plan, SchedulerOptions options)
+    : engine_(engine),
+      plan_(plan),
+      options_(options),
+      eos_(int32_t(engine.config().eos_token_id)),
+      prefix_cache_(options.prefix_cache_bytes) {
+  const model::ModelConfig& c = engine.config();
+  if (options_.context <= 0 || options_.context > c.max_position_embeddings) options_.context = c.max_position_embeddings;
+  options_.max_seqs = std::max<int64_t>(options_.max_seqs, 1);
+  options_.prefill_chunk = std::max<int64_t>(options_.prefill_chunk, 1);
+  // A step's rows: every decode plus the prefill budget.
+  const MemoryPlan step_plan = plan_memory(c, plan.weight_bytes, options_.prefill_chunk + options_.max_seqs);
+  workspace_bytes_ = step_plan.activation_bytes;
+  if (workspace_bytes_ >= options_.memory_budget_bytes)
+    fail(ErrorCode::invalid_input, "memory budget of {} bytes: one step's activations alone take {}",
+         options_.memory_budget_bytes, workspace_bytes_);
+  thread_ = std::thread([this] { run(); });
+}
+
+Scheduler::~Scheduler() {
+  {
+    std::lock_guard lock(mutex_);
+    accepting_ = false;
+    stopping_ = true;
+    for (Pending& p : queue_) p.stream->cancel();
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+size_t Scheduler::reserve_bytes(const GenerationRequest& r) const {
+  const int64_t n = std::min<int64_t>(options_.context, int64_t(r.prompt.size()) + r.max_tokens);
+  return plan_.state_bytes(n);
+}
+
+std::shared_ptr<RequestStream> Scheduler::submit(GenerationRequest request) {
+  const int64_t n_prompt = int64_t(request.prompt.size());
+  if (n_prompt == 0) fail(ErrorCode::invalid_input, "the prompt is empty");
+  if (n_prompt >= options_.context)
+    fail(ErrorCode::invalid_input, "the prompt has {} tokens; this server's context is {} (prompt plus at least "
+         "one generated token)", n_prompt, options_.context);
+  if (request.max_tokens < 1) fail(ErrorCode::invalid_input, "max_tokens must be at least 1");
+  const size_t reserve = reserve_bytes(request);
+  if (reserve > options_.memory_budget_bytes - workspace_bytes_)
+    fail(ErrorCode::invalid_input, "the request needs {} bytes of sequence state; the server's budget is {}",
+         reserve, options_.memory_budget_bytes - workspace_bytes_);
+  auto stream = std::make_shared<RequestStream>();
+  {
+    std::lock_guard lock(mutex_);
+    if (!accepting_) fail(ErrorCode::unavailable, "the server is shutting down");
+    if (int64_t(queue_.size()) >= options_.max_queue)
+      fail(ErrorCode::unavailable, "the queue is full ({} requests waiting); retry later", queue_.size());
+    queue_.push_back({stream, std::move(request), reserve});
+    stats_.queued = int64_t(queue_.size());
+  }
+  wake_.notify_all();
+  return stream;
+}
+
+void Scheduler::drain(std::chrono::milliseconds grace) {
+  std::unique_lock lock(mutex_);
+  accepting_ = false;
+  auto idle = [&] { return queue_.empty() && stats_.running == 0; };
+  if (idle_.wait_for(lock, grace, idle)) return;
+  for (Pending& p : queue_) p.stream->cancel();
+  stopping_ = true;  // the engine thread cancels the running ones
+  wake_.notify_all();
+  idle_.wait(lock, idle);
+}
+
+SchedulerStats Scheduler::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+void Scheduler::run() {
+  std::vector<std::unique_ptr<Sequence>> running;
+  while (true) {
+    admit(running);
+    if (running.empty()) {
+      std::unique_lock lock(mutex_);
+      stats_.running = 0;
+      stats_.state_bytes = stats_.reserved_bytes = 0;
+      if (stopping_ && queue_.empty()) break;
+      if (queue_.empty()) {
+        idle_.notify_all();
+        wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      }
+      continue;
+    }
+    step(running);
+  }
+  idle_.notify_all();
+}
+
+void Scheduler::admit(std::vector<std::unique_ptr<Sequence>>& running) {
+  const size_t budget = options_.memory_budget_bytes - workspace_bytes_;
+  size_t reserved = 0;
+  for (const auto& s : running) reserved += s->reserve_bytes;
+  while (true) {
+    Pending next;
+    {
+      std::lock_guard lock(mutex_);
+      if (queue_.empty()) break;
+      Pending& front = queue_.front();
+      if (!front.stream->cancelled() && !stopping_ &&
+          (int64_t(running.size()) >= options_.max_seqs || reserved + front.reserve_bytes > budget))
+        break;  // first come, first served: no overtaking by smaller requests
+      next = std::move(front);
+      queue_.pop_front();
+      stats_.queued = int64_t(queue_.size());
+      stats_.running = int64_t(running.size()) + 1;  // drain() must see it somewhere
+    }
+    if (next.stream->cancelled() || stopping_) {
+      next.stream->finish({FinishReason::cancelled, {}, int64_t(next.request.prompt.size()), 0, 0});
+      continue;
+    }
+    auto seq = std::make_unique<Sequence>(std::move(next), engine_.new_sequence());
+    seq->cached_tokens = prefix_cache_.restore_longest_prefix(seq->request.prompt, seq->state);
+    seq->fed.assign(seq->request.prompt.begin(), seq->request.prompt.begin() + seq->cached_tokens);
+    reserved += seq->reserve_bytes;
+    running.push_back(std::move(seq));
+  }
+}
+
+void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& running) {
+  for (auto& s : running)
+    if (s->stream->cancelled() || stopping_) finish(*s, FinishReason::cancelled);
+  std::erase_if(running, [](const auto& s) { return s->done; });
+
+  // Every decode gets its token; prefills share the chunk budget in admission order. A prefill
+  // chunk ends at the next snapshot position so the prefix cache can keep the state there.
+  std::vector<Step> steps;
+  std::vector<Sequence*> stepped;
+  std::vector<bool> was_prefill;
+  int64_t prefill_budget = options_.prefill_chunk;
+  for (auto& s : running) {
+    if (!s->prefilling()) {
+      s->fed.push_back(s->next_token);
+      steps.push_back({&s->state, std::span<const int32_t>(&s->fed.back(), 1), LogitRows::last});
+      stepped.push_back(s.get());
+      was_prefill.push_back(false);
+    } else if (prefill_budget > 0) {
+      const int64_t at = int64_t(s->fed.size()), left = int64_t(s->request.prompt.size()) - at;
+      const int64_t to_boundary = options_.snapshot_interval - at % options_.snapshot_interval;
+      const int64_t n = std::min({prefill_budget, left, to_boundary});
+      prefill_budget -= n;
+      const std::span<const int32_t> chunk(s->request.prompt.data() + at, size_t(n));
+      s->fed.insert(s->fed.end(), chunk.begin(), chunk.end());
+      steps.push_back({&s->state, chunk, n == left ? LogitRows::last : LogitRows::none});
+      stepped.push_back(s.get());
+      was_prefill.push_back(true);
+    }
+  }
+
+  std::vector<std::vector<float>> logits;
+  try {
+    logits = engine_.forward_batch(steps);
+  } catch (const std::exception& e) {
+    for (Sequence* s : stepped) finish(*s, FinishReason::error, e.what());
+    std::erase_if(running, [](const auto& s) { return s->done; });
+    return;
+  }
+
+  for (size_t i = 0; i < stepped.size(); ++i) {
+    Sequence& s = *stepped[i];
+    const int64_t n_fed = int64_t(s.fed.size()), n_prompt = int64_t(s.request.prompt.size());
+    if (was_prefill[i] && (n_fed % options_.snapshot_interval == 0 || n_fed == n_prompt))
+      prefix_cache_.insert(s.fed, s.state);
+    if (steps[i].logits == LogitRows::none) continue;
+    if (!emit_token(s, logits[i])) finish(s, s.next_token == eos_ ? FinishReason::stop : FinishReason::length);
+  }
+  std::erase_if(running, [](const auto& s) { return s->done; });
+
+  SchedulerStats st;
+  for (const auto& s : running) st.state_bytes += s->state.bytes(), st.reserved_bytes += s->reserve_bytes;
+  std::lock_guard lock(mutex_);
+  st.running = int64_t(running.size());
+  st.queued = int64_t(queue_.size());
+  st.prefix_cache_bytes = prefix_cache_.bytes();
+  st.prefix_cache_entries = int64_t(prefix_cache_.entries());
+  stats_ = st;
+}
+
+bool Scheduler::emit_token(Sequence& s, std::span<const float> logits) {
+  const std::vector<int32_t>& forced = s.request.forced_output;
+  int32_t token;
+  if (!forced.empty())
+    token = s.n_generated < int64_t(forced.size()) ? forced[size_t(s.n_generated)] : eos_;
+  else
+    token = s.sampler.sample(logits);
+  TokenEvent event{token, {}};
+  if (s.request.top_logprobs >= 0) event.logprobs = logprobs_of(logits, token, s.request.top_logprobs);
+  s.stream->push(std::move(event));
+  s.next_token = token;
+  ++s.n_generated;
+  const int64_t total = int64_t(s.request.prompt.size()) + s.n_generated;
+  return token != eos_ && s.n_generated < s.request.max_tokens && total < options_.context;
+}
+
+void Scheduler::finish(Sequence& s, FinishReason reason, std::string error) {
+  // The state after the answer: the next chat turn (without thinking) extends exactly this.
+  if (reason == FinishReason::stop || reason == FinishReason::length)
+    if (!s.fed.empty() && int64_t(s.fed.size()) == s.state.n_past) prefix_cache_.insert(s.fed, s.state);
+  s.stream->finish({reason, std::move(error), int64_t(s.request.prompt.size()), s.cached_tokens, s.n_generated});
+  s.done = true;
+}
+
+}  // namespace dsv4::engine
