@@ -180,13 +180,22 @@ void Scheduler::admit(std::vector<std::unique_ptr<Sequence>>& running) {
   }
 }
 
+int64_t Scheduler::next_snapshot(int64_t at, int64_t n_prompt) const {
+  const int64_t interval = options_.snapshot_interval, next = (at / interval + 1) * interval;
+  // Just before the prompt's end: the same prompt again resumes there (a restore must leave a
+  // token to run), and the next chat turn, which extends this prompt, too.
+  if (at < n_prompt - 1 && n_prompt - 1 < next) return n_prompt - 1;
+  return std::min(next, n_prompt);
+}
+
 void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& running) {
   for (auto& s : running)
     if (s->stream->cancelled() || stopping_) finish(*s, FinishReason::cancelled);
   std::erase_if(running, [](const auto& s) { return s->done; });
 
   // Every decode gets its token; prefills share the chunk budget in admission order. A prefill
-  // chunk ends at the next snapshot position so the prefix cache can keep the state there.
+  // chunk ends at the next snapshot position (next_snapshot) so the prefix cache can keep the
+  // state there.
   std::vector<Step> steps;
   std::vector<Sequence*> stepped;
   std::vector<bool> was_prefill;
@@ -198,9 +207,8 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& running) {
       stepped.push_back(s.get());
       was_prefill.push_back(false);
     } else if (prefill_budget > 0) {
-      const int64_t at = int64_t(s->fed.size()), left = int64_t(s->request.prompt.size()) - at;
-      const int64_t to_boundary = options_.snapshot_interval - at % options_.snapshot_interval;
-      const int64_t n = std::min({prefill_budget, left, to_boundary});
+      const int64_t at = int64_t(s->fed.size()), n_prompt = int64_t(s->request.prompt.size()), left = n_prompt - at;
+      const int64_t n = std::min({prefill_budget, left, next_snapshot(at, n_prompt) - at});
       prefill_budget -= n;
       const std::span<const int32_t> chunk(s->request.prompt.data() + at, size_t(n));
       s->fed.insert(s->fed.end(), chunk.begin(), chunk.end());
@@ -222,7 +230,7 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& running) {
   for (size_t i = 0; i < stepped.size(); ++i) {
     Sequence& s = *stepped[i];
     const int64_t n_fed = int64_t(s.fed.size()), n_prompt = int64_t(s.request.prompt.size());
-    if (was_prefill[i] && (n_fed % options_.snapshot_interval == 0 || n_fed == n_prompt))
+    if (was_prefill[i] && n_fed < n_prompt && next_snapshot(n_fed - 1, n_prompt) == n_fed)
       prefix_cache_.insert(s.fed, s.state);
     if (steps[i].logits == LogitRows::none) continue;
     if (!emit_token(s, logits[i])) finish(s, s.next_token == eos_ ? FinishReason::stop : FinishReason::length);

@@ -123,6 +123,9 @@ class Scheduler {
   void run();
   void admit(std::vector<std::unique_ptr<Sequence>>& running);
   void step(std::vector<std::unique_ptr<Sequence>>& running);
+  // The first position after `at` where a prefill chunk stops for a snapshot: every
+  // snapshot_interval tokens and one token before the prompt's end (capped at the prompt's end).
+  int64_t next_snapshot(int64_t at, int64_t n_prompt) const;
   // Samples (or forces) the next token from `logits` and reports it; false when the sequence ends.
   bool emit_token(Sequence& seq, std::span<const float> logits);
   void finish(Sequence& seq, FinishReason reason, std::string error = {});
