@@ -12,6 +12,16 @@ int32_t Sampler::sample(std::span<const float> logits) {
   if (params_.temperature <= 0.0f)  // greedy; ties to the lower id
     return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
 
+  // No truncation: sample the softmax directly (sorting 129 280 candidates per token costs more
+  // than a decode step of a small model).
+  if (params_.top_k <= 0 && params_.top_p >= 1.0f && params_.min_p <= 0.0f) {
+    const double mx = *std::max_element(logits.begin(), logits.end());
+    std::vector<double> p(logits.size());
+    for (size_t i = 0; i < p.size(); ++i) p[i] = std::exp((double(logits[i]) - mx) / params_.temperature);
+    std::discrete_distribution<size_t> pick(p.begin(), p.end());
+    return int32_t(pick(rng_));
+  }
+
   // Candidates by descending logit, cut to top-k.
   std::vector<int32_t> order(static_cast<size_t>(V));
   std::iota(order.begin(), order.end(), 0);
