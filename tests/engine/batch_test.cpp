@@ -33,14 +33,14 @@ class Batch : public testing::TestWithParam<Numerics> {
 };
 
 TEST_P(Batch, MixedPrefillAndDecodeMatchesEachSequenceAlone) {
-  // Three sequences at different depths: A decodes, B prefills a chunk, C runs a chunk without
-  // logits; then all three decode one token together.
+  // Three sequences at different depths (past the window of 128 and the first HCA row): A decodes,
+  // B prefills a chunk, C runs a chunk without logits; then all three decode one token together.
   struct World {
     SequenceState a, b, c;
   };
   auto setup = [&](World& w) {
-    engine_->forward(w.a, tokens(0, 300), false);
-    engine_->forward(w.c, tokens(1000, 150), false);
+    engine_->forward(w.a, tokens(0, 140), false);
+    engine_->forward(w.c, tokens(1000, 130), false);
   };
   World alone{engine_->new_sequence(), engine_->new_sequence(), engine_->new_sequence()};
   World batched{engine_->new_sequence(), engine_->new_sequence(), engine_->new_sequence()};
@@ -48,29 +48,29 @@ TEST_P(Batch, MixedPrefillAndDecodeMatchesEachSequenceAlone) {
   setup(batched);
 
   std::vector<std::vector<float>> want;
-  want.push_back(engine_->forward(alone.a, tokens(300, 1), false));
-  want.push_back(engine_->forward(alone.b, tokens(500, 200), true));
-  engine_->forward(alone.c, tokens(1150, 64), false);
-  want.push_back(engine_->forward(alone.a, tokens(301, 1), false));
-  want.push_back(engine_->forward(alone.b, tokens(700, 1), false));
-  want.push_back(engine_->forward(alone.c, tokens(1214, 1), false));
+  want.push_back(engine_->forward(alone.a, tokens(140, 1), false));
+  want.push_back(engine_->forward(alone.b, tokens(500, 60), true));
+  engine_->forward(alone.c, tokens(1130, 20), false);
+  want.push_back(engine_->forward(alone.a, tokens(141, 1), false));
+  want.push_back(engine_->forward(alone.b, tokens(560, 1), false));
+  want.push_back(engine_->forward(alone.c, tokens(1150, 1), false));
 
-  const std::vector<Step> first = {{&batched.a, tokens(300, 1), LogitRows::last},
-                                   {&batched.b, tokens(500, 200), LogitRows::all},
-                                   {&batched.c, tokens(1150, 64), LogitRows::none}};
+  const std::vector<Step> first = {{&batched.a, tokens(140, 1), LogitRows::last},
+                                   {&batched.b, tokens(500, 60), LogitRows::all},
+                                   {&batched.c, tokens(1130, 20), LogitRows::none}};
   std::vector<std::vector<float>> got = engine_->forward_batch(first);
   EXPECT_TRUE(got[2].empty());
   got.pop_back();
-  const std::vector<Step> second = {{&batched.a, tokens(301, 1), LogitRows::last},
-                                    {&batched.b, tokens(700, 1), LogitRows::last},
-                                    {&batched.c, tokens(1214, 1), LogitRows::last}};
+  const std::vector<Step> second = {{&batched.a, tokens(141, 1), LogitRows::last},
+                                    {&batched.b, tokens(560, 1), LogitRows::last},
+                                    {&batched.c, tokens(1150, 1), LogitRows::last}};
   for (std::vector<float>& l : engine_->forward_batch(second)) got.push_back(std::move(l));
 
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) expect_bit_identical(got[i], want[i], "output " + std::to_string(i));
-  EXPECT_EQ(batched.a.n_past, 302);
-  EXPECT_EQ(batched.b.n_past, 201);
-  EXPECT_EQ(batched.c.n_past, 215);
+  EXPECT_EQ(batched.a.n_past, 142);
+  EXPECT_EQ(batched.b.n_past, 61);
+  EXPECT_EQ(batched.c.n_past, 151);
 }
 
 TEST_P(Batch, RejectsTheSameSequenceTwice) {
@@ -83,7 +83,7 @@ TEST_P(Batch, RejectsTheSameSequenceTwice) {
 TEST_P(Batch, RestoredSnapshotContinuesBitIdentically) {
   // 262 is neither a multiple of 4 nor 128 nor inside the first window: the carries, the ring and
   // the compressed rows all matter.
-  const int64_t at = 262, rest = 400;
+  const int64_t at = 262, rest = 150;
   SequenceState original = engine_->new_sequence();
   engine_->forward(original, tokens(0, at), false);
   const StateSnapshot snap = original.snapshot();
@@ -92,7 +92,7 @@ TEST_P(Batch, RestoredSnapshotContinuesBitIdentically) {
   const std::vector<float> want = engine_->forward(original, tokens(at, rest), true);
 
   SequenceState resumed = engine_->new_sequence();
-  engine_->forward(resumed, tokens(2000, 200), false);  // some other conversation first
+  engine_->forward(resumed, tokens(2000, 60), false);  // some other conversation first
   resumed.restore(snap);
   EXPECT_EQ(resumed.n_past, at);
   expect_bit_identical(engine_->forward(resumed, tokens(at, rest), true), want, "resumed");

@@ -70,15 +70,15 @@ class SchedulerTest : public testing::Test {
 TEST_F(SchedulerTest, BatchedRequestsMatchEachAlone) {
   SchedulerOptions o;
   o.max_seqs = 2;  // the third waits and is admitted while the others decode
-  o.prefill_chunk = 64;
-  o.snapshot_interval = 32;
-  const std::vector<std::vector<int32_t>> prompts = {prompt(1, 150), prompt(2, 7), prompt(3, 90)};
+  o.prefill_chunk = 24;
+  o.snapshot_interval = 16;
+  const std::vector<std::vector<int32_t>> prompts = {prompt(1, 70), prompt(2, 7), prompt(3, 40)};
   std::vector<std::vector<int32_t>> want;
-  for (const auto& p : prompts) want.push_back(alone(p, 12));
+  for (const auto& p : prompts) want.push_back(alone(p, 8));
 
   Scheduler scheduler(*engine_, plan_, o);
   std::vector<std::shared_ptr<RequestStream>> streams;
-  for (const auto& p : prompts) streams.push_back(scheduler.submit(request(p, 12)));
+  for (const auto& p : prompts) streams.push_back(scheduler.submit(request(p, 8)));
   for (size_t i = 0; i < prompts.size(); ++i) {
     const Result r = collect(*streams[i]);
     EXPECT_EQ(r.tokens, want[i]) << "request " << i;
@@ -89,11 +89,11 @@ TEST_F(SchedulerTest, BatchedRequestsMatchEachAlone) {
 
 TEST_F(SchedulerTest, RepeatedPromptResumesFromThePrefixCache) {
   Scheduler scheduler(*engine_, plan_, SchedulerOptions{});
-  const std::vector<int32_t> p = prompt(4, 300);
+  const std::vector<int32_t> p = prompt(4, 140);
   const Result first = collect(*scheduler.submit(request(p, 5)));
   const Result second = collect(*scheduler.submit(request(p, 5)));
   EXPECT_EQ(first.finished.cached_tokens, 0);
-  EXPECT_EQ(second.finished.cached_tokens, 299);
+  EXPECT_EQ(second.finished.cached_tokens, 139);
   EXPECT_EQ(second.tokens, first.tokens);
   EXPECT_EQ(second.tokens, alone(p, 5));
 }
