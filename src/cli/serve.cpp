@@ -37,7 +37,7 @@ struct ServeOptions {
   int64_t max_queue = 128;
   int64_t ctx = 65536;
   int64_t prefill_chunk = 256;
-  int64_t memory_mb = 4096;
+  int64_t memory_mb = 0;
   int64_t prefix_cache_mb = 512;
   int64_t max_body_mb = 8;
   double shutdown_grace_s = 30;
@@ -73,7 +73,15 @@ int run_serve(const ServeOptions& o) {
   if (tok.vocab_size() > c.vocab_size)
     fail(ErrorCode::invalid_input, "{}: vocabulary of {} tokens, the tokenizer has {}: not a chat model", o.model,
          c.vocab_size, tok.vocab_size());
-  engine::Engine eng(*model, engine::make_backend(o.device, parse_numerics(o.numerics)));
+  const engine::MemoryPlan plan = engine::plan_memory(c, model->checkpoint().total_bytes(), o.prefill_chunk);
+  std::unique_ptr<Backend> backend = engine::make_backend(o.device, parse_numerics(o.numerics));
+  const size_t device_free = backend->device_memory_free();  // 0: host memory, not checked
+  const int64_t context = std::min(o.ctx, c.max_position_embeddings);
+  engine::require_fits(plan, device_free, backend->name(), 1, context);  // one full-context sequence
+  // The admission budget: what the device has left after the weights, unless given.
+  size_t memory_budget = size_t(o.memory_mb) << 20;
+  if (o.memory_mb == 0) memory_budget = device_free > 0 ? device_free - plan.running_weight_bytes : size_t(4) << 30;
+  engine::Engine eng(*model, std::move(backend));
   {  // warm-up: one short step, so the first request does not pay for first-use setup
     engine::SequenceState seq = eng.new_sequence();
     const int32_t ids[] = {int32_t(c.bos_token_id), 0};
@@ -83,11 +91,10 @@ int run_serve(const ServeOptions& o) {
   engine::SchedulerOptions so;
   so.max_seqs = o.max_seqs;
   so.max_queue = o.max_queue;
-  so.context = o.ctx;
+  so.context = context;
   so.prefill_chunk = o.prefill_chunk;
-  so.memory_budget_bytes = size_t(o.memory_mb) << 20;
+  so.memory_budget_bytes = memory_budget;
   so.prefix_cache_bytes = size_t(o.prefix_cache_mb) << 20;
-  const engine::MemoryPlan plan = engine::plan_memory(c, model->checkpoint().total_bytes(), o.prefill_chunk);
   engine::Scheduler scheduler(eng, plan, so);
 
   server::ServerOptions sv;
@@ -139,7 +146,9 @@ const bool registered = register_command({"serve", "OpenAI-compatible HTTP serve
       app.add_option("--ctx", o->ctx, "tokens per sequence, prompt + output (capped at the model's limit)")
           ->capture_default_str();
       app.add_option("--prefill-chunk", o->prefill_chunk, "prompt tokens per step")->capture_default_str();
-      app.add_option("--memory-mb", o->memory_mb, "budget for sequence state + a step's activations")
+      app.add_option("--memory-mb", o->memory_mb,
+                     "budget for sequence state + a step's activations (0: the GPU's free memory after the "
+                     "weights, 4096 on the CPU)")
           ->capture_default_str();
       app.add_option("--prefix-cache-mb", o->prefix_cache_mb, "budget for prefix-reuse snapshots")
           ->capture_default_str();
