@@ -1,6 +1,7 @@
 #include "server/http.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <random>
@@ -62,7 +63,16 @@ Server::Server(engine::Scheduler& scheduler, const tk::Tokenizer& tokenizer, tk:
 Server::~Server() = default;
 
 bool Server::bind() {
-  port_ = options_.port == 0 ? http_->bind_to_any_port(options_.host) : (http_->bind_to_port(options_.host, options_.port) ? options_.port : -1);
+  // cpp-httplib 0.11 listens with a backlog of 5: a burst of clients (64 connecting at once)
+  // overflows it and the kernel resets some connections. Listen again with the system's maximum.
+  int listen_fd = -1;
+  http_->set_socket_options([&listen_fd](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listen_fd = sock;
+  });
+  port_ = options_.port == 0 ? http_->bind_to_any_port(options_.host)
+                             : (http_->bind_to_port(options_.host, options_.port) ? options_.port : -1);
+  if (port_ > 0 && listen_fd >= 0) ::listen(listen_fd, SOMAXCONN);
   return port_ > 0;
 }
 
