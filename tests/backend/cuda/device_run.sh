@@ -10,7 +10,8 @@
 #
 # DEBS_DIR holds Debian 12 .debs of the build dependencies (apt-get download libfmt-dev libfmt9
 # nlohmann-json3-dev libcli11-dev libgtest-dev libpcre2-dev libpcre2-8-0 libpcre2-16-0
-# libpcre2-32-0 libpcre2-posix3 pkgconf pkgconf-bin libpkgconf3); they are unpacked into
+# libpcre2-32-0 libpcre2-posix3 pkgconf pkgconf-bin libpkgconf3, and for the server
+# libcpp-httplib-dev libcpp-httplib0.11 libbrotli-dev libbrotli1 libssl-dev zlib1g-dev); they are unpacked into
 # /tmp/deps and put first on every search path. Logs go to $OUT when set.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
@@ -21,7 +22,8 @@ out=${OUT:-/tmp}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 echo "nvcc: $(nvcc --version | tail -1); cmake: $(cmake --version | head -1); gcc: $(gcc -dumpfullversion)"
 have_all=1
-for h in /usr/include/nlohmann /usr/include/fmt /usr/include/gtest /usr/include/CLI /usr/include/pcre2.h; do
+for h in /usr/include/nlohmann /usr/include/fmt /usr/include/gtest /usr/include/CLI /usr/include/pcre2.h \
+         /usr/include/httplib.h; do
   [ -e "$h" ] || have_all=0
 done
 command -v pkg-config >/dev/null || have_all=0
