@@ -64,6 +64,9 @@ def hardware():
 
 
 def commit():
+    # DSV4_COMMIT first: a copy of the tree on another machine may carry stale git metadata.
+    if os.environ.get("DSV4_COMMIT"):
+        return os.environ["DSV4_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     except OSError:

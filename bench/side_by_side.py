@@ -86,8 +86,9 @@ def main():
     hf_prefill, hf_decode = transformers_speed(args.model, ids, args.decode, args.dtype, args.device)
     ds_prefill, ds_decode = dsv4_speed(args.dsv4, args.model, ids, args.decode, args.device)
     gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip() or os.environ.get("DSV4_COMMIT", "unknown")
+    # DSV4_COMMIT first: a copy of the tree on another machine may carry stale git metadata.
+    commit = os.environ.get("DSV4_COMMIT") or subprocess.run(
+        ["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     row = {
         "model": os.path.basename(os.path.normpath(args.model)), "prompt_tokens": args.prompt,
         "decode_tokens": args.decode, "transformers_dtype": args.dtype, "dsv4_numerics": "deepseek",

@@ -43,7 +43,9 @@ struct BenchOptions {
   std::string json;
   bool profile = false;
   bool kernels = false;
-  std::string commit = DSV4_COMMIT;
+  // $DSV4_COMMIT first: the configure-time commit is stale after later commits, and a copy of the
+  // tree on another machine may carry stale git metadata.
+  std::string commit = std::getenv("DSV4_COMMIT") ? std::getenv("DSV4_COMMIT") : DSV4_COMMIT;
   double hbm_bytes_per_s = 4.8e12;  // H200 datasheet
   double fp8_flops = 1.979e15;      // H200 dense FP8 tensor-core datasheet peak
 };
@@ -297,7 +299,7 @@ const bool registered = register_command({"bench", "Prefill and decode speed, by
                    "cuda: GPU time per op class while decoding at the largest context, printed at the end (each "
                    "op is waited for: the tok/s of that context is then not a speed figure)");
       app.add_flag("--kernels", o->kernels, "also time the decode GEMV alone on one large FP8, FP4 and BF16 matrix");
-      app.add_option("--commit", o->commit, "commit to record (default: the build's)")->capture_default_str();
+      app.add_option("--commit", o->commit, "commit to record (default: $DSV4_COMMIT, else the build's)")->capture_default_str();
       app.add_option("--hbm-bytes-per-s", o->hbm_bytes_per_s, "memory bandwidth the fraction is taken of")
           ->capture_default_str();
       app.add_option("--fp8-flops", o->fp8_flops, "FP8 tensor-core peak the prefill fraction is taken of")

@@ -6,7 +6,9 @@
 #   tests/backend/cuda/device_run.sh [DEBS_DIR] [CTEST_REGEX]
 #
 # BENCH="ARGS;ARGS;…": afterwards also build dsv4 and run `dsv4 bench ARGS` for each entry (its
-# output in $OUT/bench.log; --json paths are relative to the repository root).
+# output in $OUT/bench.log; --json paths are relative to the repository root). Set DSV4_COMMIT to
+# the commit being run: the device tool's copy of the tree may carry stale git metadata (seen
+# 2026-11: it reported the session's first commit), and the records take it from there.
 #
 # DEBS_DIR holds Debian 12 .debs of the build dependencies (apt-get download libfmt-dev libfmt9
 # nlohmann-json3-dev libcli11-dev libgtest-dev libpcre2-dev libpcre2-8-0 libpcre2-16-0
