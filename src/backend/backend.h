@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "core/row_format.h"
 #include "model/weights.h"
 
 namespace dsv4 {
@@ -48,10 +49,12 @@ struct SwaRows {
   int64_t window = 0;  // query t sees positions (t - window, t]
 };
 
-// Compressed rows for attention. idx == nullptr: query t sees rows w < floor((t+1)/ratio) (HCA).
-// Otherwise idx[t*k .. t*k+k) lists the rows query t uses, -1 for none (CSA, from the indexer).
+// Compressed rows for attention, stored in `format` (row w at kv + w * format.stride).
+// idx == nullptr: query t sees rows w < floor((t+1)/ratio) (HCA). Otherwise idx[t*k .. t*k+k)
+// lists the rows query t uses, -1 for none (CSA, from the indexer).
 struct CompressedRows {
   const float* kv = nullptr;
+  RowFormat format;
   int64_t n = 0;
   int64_t ratio = 0;
   const int32_t* idx = nullptr;
@@ -136,12 +139,16 @@ class Backend {
                                   const float* s, int64_t p0, int64_t T, float* pooled) = 0;
   virtual void compressor_reset(const model::CompressorWeights& cw, CompressorCarry carry) = 0;
 
+  // Stores n fp32 rows in format f (f.stride floats each) at `stored`. Exact: in deepseek
+  // numerics the state's rows are already values of the compact formats (core/row_format.h).
+  virtual void pack_rows(const RowFormat& f, const float* rows, int64_t n, float* stored) = 0;
+
   // Lightning Indexer selection (§3.5) for queries at [p0, p0+T): q [T, heads, dim], wts [T, heads],
-  // keys [n_keys, dim]; writes, per query, the top-k visible rows by score (descending, ties to the
-  // lower row), -1 padded, into idx [T, k].
+  // n_keys keys of width dim stored in key_format; writes, per query, the top-k visible rows by
+  // score (descending, ties to the lower row), -1 padded, into idx [T, k].
   virtual void indexer_select(const float* q, const float* wts, int64_t T, int64_t heads, int64_t dim,
-                              const float* keys, int64_t n_keys, int64_t ratio, int64_t p0, int64_t k,
-                              int32_t* idx) = 0;
+                              const float* keys, const RowFormat& key_format, int64_t n_keys, int64_t ratio,
+                              int64_t p0, int64_t k, int32_t* idx) = 0;
 
   // Sparse attention with sinks (§3.3) for queries at [p0, p0+T): q [T, H, hd] → out [T, H, hd].
   virtual void attention(const float* q, int64_t T, int64_t H, int64_t hd, int64_t p0, const SwaRows& swa,

@@ -3,8 +3,15 @@
 // weight bytes a decoded token reads and the fraction of the memory bandwidth that makes, and
 // the fraction of the FP8 tensor-core peak that prefill reaches; appends JSON lines on request.
 //
-// Every context is reached by really prefilling it (in chunks of --chunk tokens), never faked:
-// decode at context C starts from the state C prompt tokens left.
+// A context is reached by really prefilling it (in chunks of --chunk tokens): decode at context C
+// starts from the state C prompt tokens left. With --fill-state a context beyond --fill-prefix
+// tokens is reached by prefilling --fill-prefix tokens and repeating the compressed rows and
+// indexer keys that left up to C (SequenceState::repeat_to): decode then reads a state of C's
+// size, for timing decode at contexts whose prefill takes too long; those rows say so
+// ("state": "filled") and report no prefill speed.
+//
+// Each decode row also reports the sequence's state bytes, and the state the whole model (all
+// layers of the preset or checkpoint) would hold at that context in the same layout.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -36,9 +43,12 @@ struct BenchOptions {
   uint64_t seed = 1;
   std::string device = "cpu";
   std::string numerics = "deepseek";
+  std::string state_layout;  // empty: the numerics' default
   std::string prompt_lens = "512";
   std::string contexts = "4096";
   int64_t decode_tokens = 32;
+  bool fill_state = false;
+  int64_t fill_prefix = 4096;
   int64_t chunk = 0;  // 0: the device's default
   std::string json;
   bool profile = false;
@@ -168,14 +178,17 @@ int run_bench(BenchOptions o) {
 
   auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<engine::Model> model;
+  model::ModelConfig full_config;  // all layers: for the whole model's state at each context
   std::string model_name = o.model;
-  std::unique_ptr<Backend> backend = engine::make_backend(o.device, parse_numerics(o.numerics));
+  const Numerics numerics = parse_numerics(o.numerics);
+  const StateLayout layout = state_layout_option(o.state_layout, numerics);
+  std::unique_ptr<Backend> backend = engine::make_backend(o.device, numerics);
   // The plan is printed, and checked against the device, before any weight is made or uploaded.
   int64_t longest = 1;
   for (int64_t n : prompt_lens) longest = std::max(longest, n);
   for (int64_t n : contexts) longest = std::max(longest, n + o.decode_tokens);
   auto check_plan = [&](const model::ModelConfig& config, size_t stored_bytes) {
-    const engine::MemoryPlan plan = engine::plan_memory(config, stored_bytes, o.chunk);
+    const engine::MemoryPlan plan = engine::plan_memory(config, stored_bytes, o.chunk, layout);
     fmt::print(stderr, "{}", plan.describe(longest));
     engine::require_fits(plan, backend->device_memory_free(), backend->name(), 1, longest);
   };
@@ -183,6 +196,7 @@ int run_bench(BenchOptions o) {
     std::string text = model::preset_config(o.synthetic);
     if (o.layers > 0) text = model::with_layers(text, o.layers);
     const model::ModelConfig config = model::parse_config(text, o.synthetic);
+    full_config = model::parse_config(model::preset_config(o.synthetic), o.synthetic);
     const size_t stored = model::expected_bytes(config, true);
     check_plan(config, stored);
     // Synthetic weights are made in host memory: refuse clearly instead of failing an allocation.
@@ -197,6 +211,7 @@ int run_bench(BenchOptions o) {
   } else {
     model = engine::Model::load(o.model);
     check_plan(model->config(), model->checkpoint().total_bytes());
+    full_config = model->config();
   }
   const model::ModelConfig& c = model->config();
   const TokenCost cost = decode_cost(c, model->weights());
@@ -207,7 +222,7 @@ int run_bench(BenchOptions o) {
   fmt::print(stderr, "a decoded token reads {:.3f} GB of weights ({:.2f} G weights)\n", cost.bytes / 1e9,
              cost.elements / 1e9);
 
-  engine::Engine eng(*model, std::move(backend));
+  engine::Engine eng(*model, std::move(backend), layout);
   {  // warm-up: a device backend uploads each weight on its first use
     t0 = std::chrono::steady_clock::now();
     engine::SequenceState seq = eng.new_sequence();
@@ -216,7 +231,7 @@ int run_bench(BenchOptions o) {
   }
 
   nlohmann::ordered_json base = {{"command", "dsv4 bench"}, {"model", model_name}, {"layers", c.n_layers},
-                                 {"device", o.device}, {"hardware", hardware}, {"numerics", o.numerics},
+                                 {"device", o.device}, {"hardware", hardware}, {"numerics", o.numerics}, {"state_layout", to_string(layout)},
                                  {"commit", o.commit}, {"chunk", o.chunk}};
   std::vector<nlohmann::ordered_json> rows;
   auto report = [&](nlohmann::ordered_json row) {
@@ -235,17 +250,21 @@ int run_bench(BenchOptions o) {
   lengths.insert(lengths.end(), contexts.begin(), contexts.end());
   std::sort(lengths.begin(), lengths.end());
   lengths.erase(std::unique(lengths.begin(), lengths.end()), lengths.end());
-  fmt::print("{:>9} {:>12} {:>10} {:>12} {:>10} {:>10}\n", "context", "prefill t/s", "fp8 frac", "decode t/s",
-             "GB/s", "HBM frac");
+  fmt::print("{:>9} {:>12} {:>10} {:>12} {:>10} {:>10} {:>11} {:>11}\n", "context", "prefill t/s", "fp8 frac",
+             "decode t/s", "GB/s", "HBM frac", "state MiB", fmt::format("{}L GiB", full_config.n_layers));
+  const engine::MemoryPlan full_plan = engine::plan_memory(full_config, 0, o.chunk, layout);
   for (int64_t n : lengths) {
+    const bool is_prompt = std::find(prompt_lens.begin(), prompt_lens.end(), n) != prompt_lens.end();
+    const bool filled = o.fill_state && !is_prompt && n > o.fill_prefix;
     engine::SequenceState seq = eng.new_sequence();
-    const std::vector<int32_t> prompt = random_ids(n, c.vocab_size, o.seed + uint64_t(n));
+    const std::vector<int32_t> prompt = random_ids(filled ? o.fill_prefix : n, c.vocab_size, o.seed + uint64_t(n));
     t0 = std::chrono::steady_clock::now();
     std::vector<float> logits = eng.prefill(seq, prompt, o.chunk, false);
     const double prefill_s = seconds_since(t0);
-    const double prefill_tps = double(n) / prefill_s;
+    if (filled) seq.repeat_to(n);
+    const double prefill_tps = filled ? 0.0 : double(n) / prefill_s;
     const double fp8_frac = 2.0 * cost.elements * prefill_tps / o.fp8_flops;
-    if (std::find(prompt_lens.begin(), prompt_lens.end(), n) != prompt_lens.end())
+    if (is_prompt)
       report({{"phase", "prefill"}, {"prompt_tokens", n}, {"seconds", prefill_s}, {"tok_s", prefill_tps},
               {"weight_flops_per_token", 2.0 * cost.elements}, {"fp8_peak_flops", o.fp8_flops},
               {"fp8_peak_fraction", fp8_frac}});
@@ -260,13 +279,18 @@ int run_bench(BenchOptions o) {
       const double decode_s = seconds_since(t0);
       decode_tps = double(o.decode_tokens) / decode_s;
       bw = cost.bytes * decode_tps;
-      report({{"phase", "decode"}, {"context_tokens", n}, {"batch", 1}, {"decode_tokens", o.decode_tokens},
-              {"seconds", decode_s}, {"tok_s", decode_tps}, {"weight_bytes_per_token", cost.bytes},
-              {"bytes_per_s", bw}, {"hbm_bytes_per_s", o.hbm_bytes_per_s}, {"hbm_fraction", bw / o.hbm_bytes_per_s}});
+      report({{"phase", "decode"}, {"context_tokens", n}, {"state", filled ? "filled" : "prefilled"}, {"batch", 1},
+              {"decode_tokens", o.decode_tokens}, {"seconds", decode_s}, {"tok_s", decode_tps},
+              {"weight_bytes_per_token", cost.bytes}, {"bytes_per_s", bw}, {"hbm_bytes_per_s", o.hbm_bytes_per_s},
+              {"hbm_fraction", bw / o.hbm_bytes_per_s}, {"state_bytes", seq.bytes()},
+              {"state_bytes_all_layers", full_plan.state_bytes(n + o.decode_tokens)},
+              {"all_layers", full_config.n_layers}});
     }
-    fmt::print("{:>9} {:>12.1f} {:>10.4f} {:>12} {:>10} {:>10}\n", n, prefill_tps, fp8_frac,
+    fmt::print("{:>9} {:>12} {:>10} {:>12} {:>10} {:>10} {:>11} {:>11}\n", n,
+               filled ? "filled" : fmt::format("{:.1f}", prefill_tps), filled ? "-" : fmt::format("{:.4f}", fp8_frac),
                decode_tps > 0 ? fmt::format("{:.1f}", decode_tps) : "-", bw > 0 ? fmt::format("{:.0f}", bw / 1e9) : "-",
-               bw > 0 ? fmt::format("{:.3f}", bw / o.hbm_bytes_per_s) : "-");
+               bw > 0 ? fmt::format("{:.3f}", bw / o.hbm_bytes_per_s) : "-", fmt::format("{:.1f}", seq.bytes() / 1048576.0),
+               fmt::format("{:.2f}", double(full_plan.state_bytes(n)) / 1073741824.0));
     std::fflush(stdout);
   }
   fmt::print(stderr, "fractions against {:.2f} TB/s HBM and {:.0f} TFLOP/s dense FP8 (H200 datasheet)\n",
@@ -288,10 +312,15 @@ const bool registered = register_command({"bench", "Prefill and decode speed, by
       app.add_option("--seed", o->seed, "synthetic weights and prompt ids")->capture_default_str();
       app.add_option("--device", o->device, "cpu | cuda")->capture_default_str();
       app.add_option("--numerics", o->numerics, "deepseek | plain")->capture_default_str();
+      app.add_option("--state-layout", o->state_layout, kStateLayoutHelp);
       app.add_option("--prompt-lens", o->prompt_lens, "prompt lengths to time prefill on, e.g. 512,8192 (or none)")
           ->capture_default_str();
-      app.add_option("--contexts", o->contexts, "context lengths to decode at, e.g. 4096,65536 (or none)")
+      app.add_option("--contexts,--context", o->contexts, "context lengths to decode at, e.g. 4096,131072 (or none)")
           ->capture_default_str();
+      app.add_flag("--fill-state", o->fill_state,
+                   "reach contexts beyond --fill-prefix by repeating the rows of a --fill-prefix prefill (times "
+                   "decode only)");
+      app.add_option("--fill-prefix", o->fill_prefix, "tokens really prefilled with --fill-state")->capture_default_str();
       app.add_option("--decode-tokens", o->decode_tokens, "tokens decoded at each context")->capture_default_str();
       app.add_option("--chunk", o->chunk, "prefill chunk in tokens (default: 2048 on cuda, 512 on cpu)");
       app.add_option("--json", o->json, "append one JSON line per measurement to this file");

@@ -21,6 +21,11 @@ namespace dsv4::cli {
 
 std::string default_model_dir() { return DSV4_DEFAULT_MODEL; }
 
+StateLayout state_layout_option(const std::string& option, Numerics numerics) {
+  if (option.empty()) return numerics == Numerics::deepseek ? StateLayout::compact : StateLayout::f32;
+  return parse_state_layout(option);
+}
+
 std::string default_chat_model_dir() { return DSV4_CHAT_MODEL; }
 
 std::string find_tokenizer(const std::string& model_dir, const std::string& explicit_path) {

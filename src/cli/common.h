@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "cli/command.h"
 
 namespace dsv4::cli {
@@ -19,6 +20,10 @@ std::string default_chat_model_dir();
 // `explicit_path` if given, else MODEL_DIR/tokenizer.json, else the V4 tokenizer that
 // scripts/setup fetches for the tests.
 std::string find_tokenizer(const std::string& model_dir, const std::string& explicit_path);
+
+// The --state-layout option: "compact" or "f32", or empty for the numerics' default.
+StateLayout state_layout_option(const std::string& option, Numerics numerics);
+inline const char* kStateLayoutHelp = "compact | f32 (default: compact in deepseek numerics, f32 in plain)";
 
 // Parses "1, 2 3" or a JSON array "[1,2,3]" into token ids; errors name the bad entry.
 std::vector<int32_t> parse_token_list(const std::string& text);

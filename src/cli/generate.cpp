@@ -16,6 +16,7 @@ struct GenerateOptions {
   std::string model = default_model_dir();
   std::string prompt_ids;
   std::string numerics = "deepseek";
+  std::string state_layout;  // empty: the numerics' default
   std::string device = "cpu";
   int64_t max_tokens = 16;
   int64_t chunk = 512;
@@ -30,11 +31,13 @@ int run_generate(const GenerateOptions& o) {
   fmt::print(stderr, "{}: {} layers, hidden {}, vocab {}, numerics {}\n", o.model, c.n_layers, c.hidden_size,
              c.vocab_size, o.numerics);
   const int64_t context = int64_t(prompt.size()) + o.max_tokens;
-  const engine::MemoryPlan plan = engine::plan_memory(c, model->checkpoint().total_bytes(), o.chunk);
+  const Numerics numerics = parse_numerics(o.numerics);
+  const StateLayout layout = state_layout_option(o.state_layout, numerics);
+  const engine::MemoryPlan plan = engine::plan_memory(c, model->checkpoint().total_bytes(), o.chunk, layout);
   fmt::print(stderr, "{}", plan.describe(context));
-  std::unique_ptr<Backend> backend = engine::make_backend(o.device, parse_numerics(o.numerics));
+  std::unique_ptr<Backend> backend = engine::make_backend(o.device, numerics);
   engine::require_fits(plan, backend->device_memory_free(), backend->name(), 1, context);
-  engine::Engine eng(*model, std::move(backend));
+  engine::Engine eng(*model, std::move(backend), layout);
   engine::SequenceState seq = eng.new_sequence();
   engine::Sampler sampler(o.sampling);
 
@@ -75,6 +78,7 @@ const bool registered = register_command({"generate", "Generate tokens from a pr
       app.add_option("--top-k", o->sampling.top_k, "0 = no limit")->capture_default_str();
       app.add_option("--seed", o->sampling.seed)->capture_default_str();
       app.add_option("--numerics", o->numerics, "deepseek | plain")->capture_default_str();
+      app.add_option("--state-layout", o->state_layout, kStateLayoutHelp);
       app.add_option("--device", o->device, "cpu | cuda")->capture_default_str();
       app.add_option("--chunk", o->chunk, "prefill chunk size in tokens")->capture_default_str();
       app.add_flag("--quiet", o->quiet, "print only the timing");

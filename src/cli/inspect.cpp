@@ -36,7 +36,7 @@ int run_inspect(const std::string& dir, int64_t context) {
   }
   fmt::print("tensors by dtype:\n");
   for (const auto& [dtype, cb] : by_dtype) fmt::print("  {:<8} {:>7} tensors {:>16} bytes\n", dtype, cb.first, cb.second);
-  fmt::print("{}", engine::plan_memory(c, model->checkpoint().total_bytes(), 512).describe(context));
+  fmt::print("{}", engine::plan_memory(c, model->checkpoint().total_bytes(), 512, StateLayout::compact).describe(context));
   return 0;
 }
 

@@ -18,6 +18,7 @@ struct LogitsOptions {
   std::string model = default_model_dir();
   std::string input, output;
   std::string numerics = "deepseek";
+  std::string state_layout;  // empty: the numerics' default
   std::string device = "cpu";
   int64_t chunk = 0;
   std::string dump;  // folder for named intermediates (manifest.json + <name>.f32)
@@ -40,7 +41,8 @@ engine::Tracer dump_tracer(const std::string& dir, std::shared_ptr<nlohmann::jso
 int run_logits(const LogitsOptions& o) {
   const std::vector<int32_t> tokens = read_tokens_json(o.input);
   auto model = engine::Model::load(o.model);
-  engine::Engine eng(*model, engine::make_backend(o.device, parse_numerics(o.numerics)));
+  const Numerics numerics = parse_numerics(o.numerics);
+  engine::Engine eng(*model, engine::make_backend(o.device, numerics), state_layout_option(o.state_layout, numerics));
   engine::SequenceState seq = eng.new_sequence();
   std::vector<float> logits;
   if (o.dump.empty()) {
@@ -64,6 +66,7 @@ const bool registered = register_command({"logits", "Write the logits of every p
       app.add_option("--input", o->input, "JSON file {\"tokens\": [...]}")->required();
       app.add_option("--output", o->output, "raw float32 [n_tokens, vocab]")->required();
       app.add_option("--numerics", o->numerics, "deepseek | plain")->capture_default_str();
+      app.add_option("--state-layout", o->state_layout, kStateLayoutHelp);
       app.add_option("--device", o->device, "cpu | cuda")->capture_default_str();
       app.add_option("--chunk", o->chunk, "prefill chunk size (0 = one pass)")->capture_default_str();
       app.add_option("--dump", o->dump, "write named intermediates to this folder (one pass)");

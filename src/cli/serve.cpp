@@ -29,6 +29,7 @@ struct ServeOptions {
   std::string tokenizer;
   std::string served_name;
   std::string numerics = "deepseek";
+  std::string state_layout;  // empty: the numerics' default
   std::string device = "cpu";
   std::string host = "127.0.0.1";
   int port = 8000;
@@ -73,15 +74,17 @@ int run_serve(const ServeOptions& o) {
   if (tok.vocab_size() > c.vocab_size)
     fail(ErrorCode::invalid_input, "{}: vocabulary of {} tokens, the tokenizer has {}: not a chat model", o.model,
          c.vocab_size, tok.vocab_size());
-  const engine::MemoryPlan plan = engine::plan_memory(c, model->checkpoint().total_bytes(), o.prefill_chunk);
-  std::unique_ptr<Backend> backend = engine::make_backend(o.device, parse_numerics(o.numerics));
+  const Numerics numerics = parse_numerics(o.numerics);
+  const StateLayout layout = state_layout_option(o.state_layout, numerics);
+  const engine::MemoryPlan plan = engine::plan_memory(c, model->checkpoint().total_bytes(), o.prefill_chunk, layout);
+  std::unique_ptr<Backend> backend = engine::make_backend(o.device, numerics);
   const size_t device_free = backend->device_memory_free();  // 0: host memory, not checked
   const int64_t context = std::min(o.ctx, c.max_position_embeddings);
   engine::require_fits(plan, device_free, backend->name(), 1, context);  // one full-context sequence
   // The admission budget: what the device has left after the weights, unless given.
   size_t memory_budget = size_t(o.memory_mb) << 20;
   if (o.memory_mb == 0) memory_budget = device_free > 0 ? device_free - plan.running_weight_bytes : size_t(4) << 30;
-  engine::Engine eng(*model, std::move(backend));
+  engine::Engine eng(*model, std::move(backend), layout);
   {  // warm-up: one short step, so the first request does not pay for first-use setup
     engine::SequenceState seq = eng.new_sequence();
     const int32_t ids[] = {int32_t(c.bos_token_id), 0};
@@ -156,6 +159,7 @@ const bool registered = register_command({"serve", "OpenAI-compatible HTTP serve
       app.add_option("--shutdown-grace", o->shutdown_grace_s, "seconds in-flight requests get after SIGTERM")
           ->capture_default_str();
       app.add_option("--numerics", o->numerics, "deepseek | plain")->capture_default_str();
+      app.add_option("--state-layout", o->state_layout, kStateLayoutHelp);
       app.add_option("--device", o->device, "cpu | cuda")->capture_default_str();
       // Test-only: every generation emits the tokens of FILE's text, then EOS (the tool-call
       // round-trip test forces DSML through the real parser this way). Hidden from --help.

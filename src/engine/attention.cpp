@@ -117,7 +117,7 @@ void Engine::attention_sublayer(const model::LayerWeights& lw, std::span<const S
                       rope, [&](float* rows, int64_t m) { b.indexer_fp4_sim(rows, m, di); });
       selected = IdBuffer(b, size_t(n * c.index_topk));
       b.indexer_select(qi.get() + s.row0 * Hi * di, wts.get() + s.row0 * Hi, n, Hi, di, ls.index_keys.data(),
-                       ls.index_keys.rows(), 4, p0, c.index_topk, selected.get());
+                       ls.index_keys.format(), ls.index_keys.rows(), 4, p0, c.index_topk, selected.get());
       comp.idx = selected.get();
       comp.k = c.index_topk;
     }
@@ -125,6 +125,7 @@ void Engine::attention_sublayer(const model::LayerWeights& lw, std::span<const S
       push_compressor(b, *aw.compressor, comp_in, s.row0, n, p0, ls.compressor, ls.compressed, eps, rope,
                       [&](float* rows, int64_t m) { b.kv_fp8_sim(rows, m, hd, c.nope_head_dim()); });
       comp.kv = ls.compressed.data();
+      comp.format = ls.compressed.format();
       comp.n = ls.compressed.rows();
       comp.ratio = aw.compressor->ratio;
     }

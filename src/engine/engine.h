@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -36,6 +37,11 @@ class Model {
 // the oracle's dumps.
 using Tracer = std::function<void(const std::string& name, const std::vector<int64_t>& shape, const float* data)>;
 
+// Compact in deepseek numerics (exact there), f32 in plain (its rows are not quantized).
+inline StateLayout default_state_layout(Numerics numerics) {
+  return numerics == Numerics::deepseek ? StateLayout::compact : StateLayout::f32;
+}
+
 // Which logits a step of forward_batch returns.
 enum class LogitRows {
   none,  // a prefill chunk that is not the prompt's last
@@ -53,9 +59,12 @@ struct Step {
 
 class Engine {
  public:
-  Engine(const Model& model, std::unique_ptr<Backend> backend);
+  // Sequences keep their compressed rows in `layout`; by default compact in deepseek numerics
+  // (exact there) and f32 in plain.
+  Engine(const Model& model, std::unique_ptr<Backend> backend, std::optional<StateLayout> layout = {});
 
-  SequenceState new_sequence() { return SequenceState(*backend_, model_.config(), model_.weights()); }
+  SequenceState new_sequence() { return SequenceState(*backend_, model_.config(), model_.weights(), layout_); }
+  StateLayout state_layout() const { return layout_; }
 
   // Runs `tokens` at positions [seq.n_past, seq.n_past + T) in one layer-major pass and advances
   // the sequence. Returns logits for every token ([T, vocab]) or, with all_logits false, for the
@@ -107,6 +116,7 @@ class Engine {
   const Model& model_;
   std::unique_ptr<Backend> backend_;
   RopeFreqs rope_main_, rope_compress_;
+  StateLayout layout_;
 };
 
 }  // namespace dsv4::engine

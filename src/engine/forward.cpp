@@ -9,11 +9,12 @@
 
 namespace dsv4::engine {
 
-Engine::Engine(const Model& model, std::unique_ptr<Backend> backend)
+Engine::Engine(const Model& model, std::unique_ptr<Backend> backend, std::optional<StateLayout> layout)
     : model_(model),
       backend_(std::move(backend)),
       rope_main_(layer_rope_freqs(model.config(), model::AttnKind::swa)),
-      rope_compress_(layer_rope_freqs(model.config(), model::AttnKind::csa)) {}
+      rope_compress_(layer_rope_freqs(model.config(), model::AttnKind::csa)),
+      layout_(layout.value_or(default_state_layout(backend_->numerics()))) {}
 
 void Engine::trace(const Tracer* tracer, const std::string& name, const float* data, std::vector<int64_t> shape) {
   if (!tracer) return;

@@ -15,24 +15,26 @@ static std::string human(double bytes) {
   return fmt::format("{:.2f} {}", bytes, units[u]);
 }
 
-MemoryPlan plan_memory(const model::ModelConfig& c, size_t weight_bytes, int64_t chunk_tokens,
-                       size_t bytes_per_value) {
+MemoryPlan plan_memory(const model::ModelConfig& c, size_t weight_bytes, int64_t chunk_tokens, StateLayout layout) {
   MemoryPlan p;
   p.weight_bytes = weight_bytes;
   p.running_weight_bytes = model::expected_bytes(c, false);
   p.chunk_tokens = chunk_tokens;
-  const double v = double(bytes_per_value);
+  p.layout = layout;
+  const double v = sizeof(float);
+  const double row = double(RowFormat::attention(layout, int32_t(c.head_dim), int32_t(c.nope_head_dim())).bytes());
+  const double key = double(RowFormat::index_key(layout, int32_t(c.index_head_dim)).bytes());
   for (int64_t il = 0; il < c.n_layers; ++il) {
     p.state_fixed_bytes += size_t(c.sliding_window * c.head_dim * v);
     switch (c.attn_kind(il)) {
       case model::AttnKind::swa: break;
       case model::AttnKind::csa:
         p.state_fixed_bytes += size_t(2 * 8 * 2 * (c.head_dim + c.index_head_dim) * v);  // a and s carries
-        p.state_bytes_per_token += double(c.head_dim + c.index_head_dim) * v / 4.0;
+        p.state_bytes_per_token += (row + key) / 4.0;
         break;
       case model::AttnKind::hca:
         p.state_fixed_bytes += size_t(2 * 128 * c.head_dim * v);
-        p.state_bytes_per_token += double(c.head_dim) * v / 128.0;
+        p.state_bytes_per_token += row / 128.0;
         break;
     }
   }
@@ -54,10 +56,10 @@ std::string MemoryPlan::describe(int64_t context_tokens) const {
       "  weights (mapped as stored)      {}\n"
       "  weights run (on a GPU: copied)  {}\n"
       "  state per sequence, fixed       {}\n"
-      "  state per sequence, per token   {:.1f} B\n"
+      "  state per sequence, per token   {:.1f} B ({} rows)\n"
       "  state at {} tokens            {}\n"
       "  activations per chunk of {}     {}\n",
-      human(double(weight_bytes)), human(double(running_weight_bytes)), human(double(state_fixed_bytes)), state_bytes_per_token, context_tokens,
+      human(double(weight_bytes)), human(double(running_weight_bytes)), human(double(state_fixed_bytes)), state_bytes_per_token, to_string(layout), context_tokens,
       human(double(state_bytes(context_tokens))), chunk_tokens, human(double(activation_bytes)));
 }
 

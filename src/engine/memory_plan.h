@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/row_format.h"
 #include "model/config.h"
 #include "model/weights.h"
 
@@ -17,6 +18,7 @@ struct MemoryPlan {
   double state_bytes_per_token = 0;   // per sequence: compressed rows and indexer keys, amortised
   size_t activation_bytes = 0;        // per prefill chunk, largest layer's working set (estimate)
   int64_t chunk_tokens = 0;
+  StateLayout layout = StateLayout::f32;
 
   size_t state_bytes(int64_t n_tokens) const {
     return state_fixed_bytes + size_t(state_bytes_per_token * double(n_tokens));
@@ -24,9 +26,10 @@ struct MemoryPlan {
   std::string describe(int64_t context_tokens) const;
 };
 
-// Bytes per stored value: the backends keep state and activations in fp32.
+// Compressed rows and indexer keys take their size in `layout` (core/row_format.h); rings,
+// carries and activations are fp32.
 MemoryPlan plan_memory(const model::ModelConfig& config, size_t weight_bytes, int64_t chunk_tokens,
-                       size_t bytes_per_value = 4);
+                       StateLayout layout);
 
 // Refuses, naming every part and the shortfall, when the weights the engine runs, the state of
 // `sequences` sequences at `context_tokens` each and one chunk's activations exceed the

@@ -68,7 +68,7 @@ Scheduler::Scheduler(Engine& engine, const MemoryPlan& plan, SchedulerOptions op
   options_.max_seqs = std::max<int64_t>(options_.max_seqs, 1);
   options_.prefill_chunk = std::max<int64_t>(options_.prefill_chunk, 1);
   // A step's rows: every decode plus the prefill budget.
-  const MemoryPlan step_plan = plan_memory(c, plan.weight_bytes, options_.prefill_chunk + options_.max_seqs);
+  const MemoryPlan step_plan = plan_memory(c, plan.weight_bytes, options_.prefill_chunk + options_.max_seqs, plan.layout);
   workspace_bytes_ = step_plan.activation_bytes;
   if (workspace_bytes_ >= options_.memory_budget_bytes)
     fail(ErrorCode::invalid_input, "memory budget of {} bytes: one step's activations alone take {}",

@@ -6,17 +6,37 @@
 
 namespace dsv4::engine {
 
-void RowStore::append(const float* rows, int64_t n) {
-  if (n == 0) return;
-  const int64_t capacity = int64_t(buffer_.size()) / width_;
-  if (n_ + n > capacity) {
-    const int64_t grown = std::max({2 * capacity, n_ + n, int64_t(16)});
-    Buffer bigger(*backend_, size_t(grown * width_));
-    if (n_ > 0) backend_->copy(bigger.get(), buffer_.get(), size_t(n_ * width_));
+float* RowStore::grow_to(int64_t rows) {
+  const int64_t stride = format_.stride, capacity = int64_t(buffer_.size()) / stride;
+  if (rows > capacity) {
+    const int64_t grown = std::max({2 * capacity, rows, int64_t(16)});
+    Buffer bigger(*backend_, size_t(grown * stride));
+    if (n_ > 0) backend_->copy(bigger.get(), buffer_.get(), size_t(n_ * stride));
     buffer_ = std::move(bigger);
   }
-  backend_->copy(buffer_.get() + n_ * width_, rows, size_t(n * width_));
+  return buffer_.get() + n_ * stride;
+}
+
+void RowStore::append(const float* rows, int64_t n) {
+  if (n == 0) return;
+  backend_->pack_rows(format_, rows, n, grow_to(n_ + n));
   n_ += n;
+}
+
+void RowStore::append_stored(const float* stored, int64_t n) {
+  if (n == 0) return;
+  backend_->copy(grow_to(n_ + n), stored, size_t(n * format_.stride));
+  n_ += n;
+}
+
+void RowStore::repeat_to(int64_t n) {
+  DSV4_CHECK(n_ > 0 || n == 0, "repeat_to: no rows to repeat");
+  grow_to(n);
+  while (n_ < n) {
+    const int64_t k = std::min(n_, n - n_);  // copies [0, k) after the rows: never overlapping
+    backend_->copy(buffer_.get() + n_ * format_.stride, buffer_.get(), size_t(k * format_.stride));
+    n_ += k;
+  }
 }
 
 static CompressorState make_compressor_state(Backend& b, const model::CompressorWeights& cw) {
@@ -24,17 +44,24 @@ static CompressorState make_compressor_state(Backend& b, const model::Compressor
   return {Buffer(b, n), Buffer(b, n)};
 }
 
-SequenceState::SequenceState(Backend& backend, const model::ModelConfig& c, const model::Weights& weights)
-    : backend_(backend), weights_(weights) {
+SequenceState::SequenceState(Backend& backend, const model::ModelConfig& c, const model::Weights& weights,
+                             StateLayout layout)
+    : backend_(backend), weights_(weights), layout_(layout) {
+  if (layout == StateLayout::compact && backend.numerics() != Numerics::deepseek)
+    fail(ErrorCode::invalid_input,
+         "the compact state layout holds the deepseek numerics' FP8/FP4 rows exactly; with {} numerics use the f32 "
+         "layout", to_string(backend.numerics()));
+  const RowFormat row = RowFormat::attention(layout, int32_t(c.head_dim), int32_t(c.nope_head_dim()));
+  const RowFormat key = RowFormat::index_key(layout, int32_t(c.index_head_dim));
   for (const model::LayerWeights& lw : weights.layers) {
     LayerState ls;
     ls.ring = Buffer(backend, size_t(c.sliding_window * c.head_dim));
     if (lw.attn.compressor) {
-      ls.compressed = RowStore(backend, c.head_dim);
+      ls.compressed = RowStore(backend, row);
       ls.compressor = make_compressor_state(backend, *lw.attn.compressor);
     }
     if (lw.attn.indexer) {
-      ls.index_keys = RowStore(backend, c.index_head_dim);
+      ls.index_keys = RowStore(backend, key);
       ls.index_compressor = make_compressor_state(backend, lw.attn.indexer->compressor);
     }
     layers.push_back(std::move(ls));
@@ -70,6 +97,16 @@ Buffer clone(Backend& b, const Buffer& src) { return clone(b, src.get(), src.siz
 
 }  // namespace
 
+void SequenceState::repeat_to(int64_t n_tokens) {
+  DSV4_CHECK(n_tokens >= n_past, "repeat_to: {} tokens is less than the {} held", n_tokens, n_past);
+  for (size_t il = 0; il < layers.size(); ++il) {
+    const model::LayerWeights& lw = weights_.layers[il];
+    if (lw.attn.compressor) layers[il].compressed.repeat_to(n_tokens / lw.attn.compressor->ratio);
+    if (lw.attn.indexer) layers[il].index_keys.repeat_to(n_tokens / lw.attn.indexer->compressor.ratio);
+  }
+  n_past = n_tokens;
+}
+
 StateSnapshot SequenceState::snapshot() const {
   StateSnapshot snap;
   snap.n_past = n_past;
@@ -77,9 +114,9 @@ StateSnapshot SequenceState::snapshot() const {
     LayerSnapshot l;
     l.ring = clone(backend_, ls.ring);
     l.n_compressed = ls.compressed.rows();
-    l.compressed = clone(backend_, ls.compressed.data(), size_t(ls.compressed.rows() * ls.compressed.width()));
+    l.compressed = clone(backend_, ls.compressed.data(), ls.compressed.stored_floats());
     l.n_index_keys = ls.index_keys.rows();
-    l.index_keys = clone(backend_, ls.index_keys.data(), size_t(ls.index_keys.rows() * ls.index_keys.width()));
+    l.index_keys = clone(backend_, ls.index_keys.data(), ls.index_keys.stored_floats());
     l.compressor_a = clone(backend_, ls.compressor.a);
     l.compressor_s = clone(backend_, ls.compressor.s);
     l.index_compressor_a = clone(backend_, ls.index_compressor.a);
@@ -101,9 +138,9 @@ void SequenceState::restore(const StateSnapshot& snap) {
     const LayerSnapshot& l = snap.layers[il];
     backend_.copy(ls.ring.get(), l.ring.get(), ls.ring.size());
     ls.compressed.clear();
-    ls.compressed.append(l.compressed.get(), l.n_compressed);
+    ls.compressed.append_stored(l.compressed.get(), l.n_compressed);
     ls.index_keys.clear();
-    ls.index_keys.append(l.index_keys.get(), l.n_index_keys);
+    ls.index_keys.append_stored(l.index_keys.get(), l.n_index_keys);
     auto restore_carry = [&](CompressorState& dst, const Buffer& a, const Buffer& s) {
       if (dst.a.size() == 0) return;
       backend_.copy(dst.a.get(), a.get(), dst.a.size());

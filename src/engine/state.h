@@ -5,7 +5,9 @@
 //                     and the main compressor's fp32 carry
 //   CSA:              the indexer's compressed keys and its compressor's fp32 carry
 // Rows are stored after norm, rope and the FP8 (or Hadamard + FP4) simulation, so attention reads
-// them as they are.
+// them as they are. Compressed rows and indexer keys are kept in the sequence's StateLayout
+// (core/row_format.h): compact (584 B and 68 B per row at V4 shapes, exact in deepseek numerics)
+// or f32; the ring and the carries are fp32 (fixed size).
 #pragma once
 
 #include <cstdint>
@@ -17,21 +19,29 @@
 
 namespace dsv4::engine {
 
-// Rows of a fixed width appended over time; capacity doubles, so appends are amortised O(1).
+// Rows appended over time, stored in one RowFormat; capacity doubles, so appends are amortised
+// O(1).
 class RowStore {
  public:
   RowStore() = default;
-  RowStore(Backend& backend, int64_t width) : backend_(&backend), width_(width) {}
+  RowStore(Backend& backend, RowFormat format) : backend_(&backend), format_(format) {}
+  // Appends n fp32 rows (converted to the stored format).
   void append(const float* rows, int64_t n);
+  // Appends n rows already in the stored format.
+  void append_stored(const float* stored, int64_t n);
+  // Grows to n rows by repeating the rows held so far cyclically (at least one).
+  void repeat_to(int64_t n);
   void clear() { n_ = 0; }
   const float* data() const { return buffer_.get(); }
   int64_t rows() const { return n_; }
-  int64_t width() const { return width_; }
+  const RowFormat& format() const { return format_; }
+  size_t stored_floats() const { return size_t(n_ * format_.stride); }
   size_t bytes_reserved() const { return buffer_.size() * sizeof(float); }
 
  private:
+  float* grow_to(int64_t rows);  // where row n_ goes, with room for `rows` rows
   Backend* backend_ = nullptr;
-  int64_t width_ = 0;
+  RowFormat format_;
   int64_t n_ = 0;
   Buffer buffer_;
 };
@@ -68,19 +78,28 @@ struct StateSnapshot {
 
 class SequenceState {
  public:
-  SequenceState(Backend& backend, const model::ModelConfig& config, const model::Weights& weights);
+  // The compact layout needs deepseek numerics (plain rows are not quantized): refused otherwise.
+  SequenceState(Backend& backend, const model::ModelConfig& config, const model::Weights& weights,
+                StateLayout layout);
   // Back to an empty sequence (compressor carries to a = 0, s = −∞).
   void reset();
   StateSnapshot snapshot() const;
+  // Sets the sequence to n_tokens positions by repeating its compressed rows and indexer keys
+  // (the ring and the carries stay): a state of the right size with the model's own rows, to time
+  // decode at long contexts without prefilling them (dsv4 bench --fill-state). Its logits are not
+  // the model's at that context.
+  void repeat_to(int64_t n_tokens);
   // Puts the sequence in the snapshot's state (continuing from there gives bit-identical results).
   void restore(const StateSnapshot& snapshot);
   int64_t n_past = 0;  // positions already processed
   std::vector<LayerState> layers;
   size_t bytes() const;
+  StateLayout layout() const { return layout_; }
 
  private:
   Backend& backend_;
   const model::Weights& weights_;
+  StateLayout layout_;
 };
 
 }  // namespace dsv4::engine

@@ -106,7 +106,7 @@ TEST(Ops, AttentionSeesOnlyTheWindowAndVisibleCompressedRows) {
   std::vector<float> comp = random_vector(size_t(2 * hd), 9), out(size_t(n * hd)), ref(size_t(n * hd));
   const float sink = 0.0f;
   // HCA-style rows with ratio 4: query t sees rows w < (t+1)/4.
-  b->attention(q.data(), n, 1, hd, 0, SwaRows{kv.data(), 0, n, window}, CompressedRows{comp.data(), 2, 4, nullptr, 0},
+  b->attention(q.data(), n, 1, hd, 0, SwaRows{kv.data(), 0, n, window}, CompressedRows{comp.data(), RowFormat::plain(int32_t(hd)), 2, 4, nullptr, 0},
                &sink, 0.125f, out.data());
   for (int64_t t = 0; t < n; ++t) {
     // The same query alone, given exactly the rows it may see.
@@ -120,7 +120,7 @@ TEST(Ops, AttentionSeesOnlyTheWindowAndVisibleCompressedRows) {
     std::vector<int32_t> idx;
     for (int64_t w = 0; w < visible; ++w) idx.push_back(int32_t(w));
     b->attention(q.data() + t * hd, 1, 1, hd, t, SwaRows{rows.data(), t - n_window + 1, n_window, window},
-                 CompressedRows{comp.data(), 2, 4, idx.empty() ? nullptr : idx.data(), int64_t(idx.size())}, &sink,
+                 CompressedRows{comp.data(), RowFormat::plain(int32_t(hd)), 2, 4, idx.empty() ? nullptr : idx.data(), int64_t(idx.size())}, &sink,
                  0.125f, ref.data() + t * hd);
     for (int64_t d = 0; d < hd; ++d) EXPECT_NEAR(out[size_t(t * hd + d)], ref[size_t(t * hd + d)], 1e-6) << t;
   }

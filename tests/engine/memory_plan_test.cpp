@@ -21,22 +21,22 @@ constexpr size_t kGiB = size_t(1) << 30;
 TEST(MemoryPlan, RunningWeightsLeaveOutTheMtpBlock) {
   const model::ModelConfig c = flash();
   const size_t stored = model::expected_bytes(c, true);
-  const MemoryPlan plan = plan_memory(c, stored, 2048);
+  const MemoryPlan plan = plan_memory(c, stored, 2048, StateLayout::compact);
   EXPECT_EQ(stored, 159610422088u);  // the spec's total_size + 936 192 (an open question, issue 2's note)
   EXPECT_LT(plan.running_weight_bytes, stored);
   EXPECT_GT(plan.running_weight_bytes, stored - 5 * kGiB);  // the MTP block is about one layer
 }
 
 TEST(MemoryPlan, HostBackendsAreNotChecked) {
-  const MemoryPlan plan = plan_memory(flash(), 0, 2048);
+  const MemoryPlan plan = plan_memory(flash(), 0, 2048, StateLayout::compact);
   EXPECT_NO_THROW(require_fits(plan, 0, "cpu", 64, 1 << 20));
 }
 
 TEST(MemoryPlan, FourFlashLayersFitAnH200AndTheWholeModelDoesNot) {
   const size_t h200_free = 139 * kGiB;
-  EXPECT_NO_THROW(require_fits(plan_memory(flash(4), 0, 2048), h200_free, "cuda", 1, 131072));
+  EXPECT_NO_THROW(require_fits(plan_memory(flash(4), 0, 2048, StateLayout::compact), h200_free, "cuda", 1, 131072));
   try {
-    require_fits(plan_memory(flash(), 0, 2048), h200_free, "cuda", 1, 131072);
+    require_fits(plan_memory(flash(), 0, 2048, StateLayout::compact), h200_free, "cuda", 1, 131072);
     FAIL() << "the whole V4-Flash model should not fit in 139 GiB";
   } catch (const Error& e) {
     const std::string m = e.what();
@@ -48,10 +48,22 @@ TEST(MemoryPlan, FourFlashLayersFitAnH200AndTheWholeModelDoesNot) {
 }
 
 TEST(MemoryPlan, StateCountsEverySequence) {
-  const MemoryPlan plan = plan_memory(flash(4), 0, 512);
+  const MemoryPlan plan = plan_memory(flash(4), 0, 512, StateLayout::compact);
   const size_t one = plan.running_weight_bytes + plan.state_bytes(65536) + plan.activation_bytes;
   EXPECT_NO_THROW(require_fits(plan, one, "cuda", 1, 65536));
   EXPECT_THROW(require_fits(plan, one, "cuda", 2, 65536), Error);
+}
+
+// Issue 6: a V4-Flash sequence at 1M tokens in the compact layout (584 B attention rows, 68 B
+// indexer keys) stays within 3.6 GiB for all 43 layers; the fp32 layout would need ~3.5x that.
+TEST(MemoryPlan, CompactFlashStateAtOneMillionTokens) {
+  const int64_t n = int64_t(1) << 20;
+  const MemoryPlan compact = plan_memory(flash(), 0, 2048, StateLayout::compact);
+  const MemoryPlan f32 = plan_memory(flash(), 0, 2048, StateLayout::f32);
+  EXPECT_LE(double(compact.state_bytes(n)), 3.6 * double(kGiB));
+  EXPECT_GT(double(compact.state_bytes(n)), 3.0 * double(kGiB));
+  EXPECT_GT(double(f32.state_bytes(n)), 3.0 * double(compact.state_bytes(n)));
+  EXPECT_EQ(compact.state_fixed_bytes, f32.state_fixed_bytes);  // the ring and the carries stay fp32
 }
 
 }  // namespace

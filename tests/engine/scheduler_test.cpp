@@ -35,7 +35,7 @@ class SchedulerTest : public testing::Test {
   void SetUp() override {
     model_ = Model::load(test::fixture_model("tiny-flash"));
     engine_ = std::make_unique<Engine>(*model_, make_cpu_backend(Numerics::deepseek));
-    plan_ = plan_memory(model_->config(), 0, 64);
+    plan_ = plan_memory(model_->config(), 0, 64, engine_->state_layout());
   }
   std::vector<int32_t> prompt(int32_t seed, int64_t n) const {
     std::vector<int32_t> p;

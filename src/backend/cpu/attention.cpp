@@ -31,20 +31,28 @@ void CpuBackend::attention(const float* q, int64_t T, int64_t H, int64_t hd, int
                            const CompressedRows& comp, const float* sinks, float softmax_scale, float* out) {
   DSV4_CHECK(swa.first_pos <= std::max<int64_t>(0, p0 - swa.window + 1) && swa.first_pos + swa.n >= p0 + T,
              "window rows [{}, {}) do not cover queries [{}, {})", swa.first_pos, swa.first_pos + swa.n, p0, p0 + T);
+  DSV4_CHECK(!comp.kv || comp.format.width == hd, "compressed rows of width {}, heads of {}", comp.format.width, hd);
   parallel_for(T, [&](int64_t t) {
     const int64_t pos = p0 + t;
-    // Phase 1: the rows this query attends, oldest window row first, then compressed rows.
-    std::vector<const float*> rows;
-    for (int64_t j = std::max<int64_t>(0, pos - swa.window + 1); j <= pos; ++j)
-      rows.push_back(swa.kv + (j - swa.first_pos) * hd);
+    // Phase 1: the rows this query attends, oldest window row first, then compressed rows
+    // (decoded from their stored format).
+    std::vector<int64_t> comp_rows;
     if (comp.idx) {
       for (int64_t i = 0; i < comp.k; ++i) {
         const int32_t w = comp.idx[t * comp.k + i];
-        if (w >= 0 && w < comp.n) rows.push_back(comp.kv + int64_t(w) * hd);
+        if (w >= 0 && w < comp.n) comp_rows.push_back(w);
       }
     } else if (comp.ratio > 0) {
-      const int64_t visible = std::min(comp.n, (pos + 1) / comp.ratio);
-      for (int64_t w = 0; w < visible; ++w) rows.push_back(comp.kv + w * hd);
+      for (int64_t w = 0; w < std::min(comp.n, (pos + 1) / comp.ratio); ++w) comp_rows.push_back(w);
+    }
+    std::vector<float> decoded(comp_rows.size() * size_t(hd));
+    std::vector<const float*> rows;
+    for (int64_t j = std::max<int64_t>(0, pos - swa.window + 1); j <= pos; ++j)
+      rows.push_back(swa.kv + (j - swa.first_pos) * hd);
+    for (size_t r = 0; r < comp_rows.size(); ++r) {
+      float* row = decoded.data() + r * size_t(hd);
+      for (int64_t d = 0; d < hd; ++d) row[d] = row_value(comp.format, comp.kv + comp_rows[r] * comp.format.stride, d);
+      rows.push_back(row);
     }
     const int64_t n = int64_t(rows.size());
     std::vector<float> p(static_cast<size_t>(n));

@@ -50,8 +50,10 @@ class CpuBackend final : public Backend {
   int64_t compressor_push(const model::CompressorWeights& cw, CompressorCarry carry, const float* a, const float* s,
                           int64_t p0, int64_t T, float* pooled) override;
   void compressor_reset(const model::CompressorWeights& cw, CompressorCarry carry) override;
+  void pack_rows(const RowFormat& f, const float* rows, int64_t n, float* stored) override;
   void indexer_select(const float* q, const float* wts, int64_t T, int64_t heads, int64_t dim, const float* keys,
-                      int64_t n_keys, int64_t ratio, int64_t p0, int64_t k, int32_t* idx) override;
+                      const RowFormat& key_format, int64_t n_keys, int64_t ratio, int64_t p0, int64_t k,
+                      int32_t* idx) override;
   void attention(const float* q, int64_t T, int64_t H, int64_t hd, int64_t p0, const SwaRows& swa,
                  const CompressedRows& comp, const float* sinks, float softmax_scale, float* out) override;
 

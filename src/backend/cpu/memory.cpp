@@ -1,4 +1,4 @@
-// Host memory for the CPU backend: 64-byte aligned buffers.
+// Host memory for the CPU backend: 64-byte aligned buffers, and rows stored in a state layout.
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -25,6 +25,14 @@ void CpuBackend::ids_from_host(int32_t* dst, const int32_t* src, size_t n) {
 }
 void CpuBackend::fill(float* dst, float value, size_t n) {
   for (size_t i = 0; i < n; ++i) dst[i] = value;
+}
+
+
+void CpuBackend::pack_rows(const RowFormat& f, const float* rows, int64_t n, float* stored) {
+  for (int64_t r = 0; r < n; ++r)
+    if (!pack_row(f, rows + r * f.width, stored + r * f.stride))
+      fail(ErrorCode::internal, "row {} of {} is not exactly representable in the compact state layout (format {}, "
+           "width {}); the compact layout needs deepseek numerics", r, n, int(f.kind), f.width);
 }
 
 }  // namespace dsv4::cpu

@@ -7,6 +7,8 @@
 // probabilities are rounded to bf16 before P·V while the denominator sums the unrounded
 // exponentials (§3.3).
 //
+// Compressed rows are read in their stored format (core/row_format.h), value by value.
+//
 // Parallelisation: one block of 256 threads per (query, head). The query and the logits of every
 // row it attends live in shared memory (so the row count is bounded by shared memory: ~50K rows
 // on Hopper). Phase 1 lists the compressed rows (a warp compacts the indexer's selection with
@@ -89,17 +91,21 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a) {
   for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = a.q[(t * a.H + h) * hd + d];
   __syncthreads();
   const int64_t n = n_win + n_comp_s;
+  // Row j: a window row (fp32) or a compressed row in its stored format.
+  const RowFormat window_format = RowFormat::plain(int32_t(hd));
   auto row = [&](int64_t j) -> const float* {
     if (j < n_win) return a.swa.kv + (lo + j - a.swa.first_pos) * hd;
     const int64_t w = a.comp.idx ? comp_rows[j - n_win] : j - n_win;
-    return a.comp.kv + w * hd;
+    return a.comp.kv + w * a.comp.format.stride;
   };
+  auto format = [&](int64_t j) -> const RowFormat& { return j < n_win ? window_format : a.comp.format; };
 
   // Phase 2: logits, one warp per row.
   for (int64_t j = warp; j < n; j += n_warps) {
     const float* r = row(j);
+    const RowFormat& f = format(j);
     double acc = 0.0;
-    for (int64_t d = lane; d < hd; d += 32) acc += double(qs[d]) * double(r[d]);
+    for (int64_t d = lane; d < hd; d += 32) acc += double(qs[d]) * double(row_value(f, r, d));
     acc = warp_sum(acc);
     if (lane == 0) p[j] = float(acc) * a.softmax_scale;
   }
@@ -121,10 +127,11 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a) {
   double acc[kMaxHeadDim / 32] = {};
   for (int64_t j = warp; j < n; j += n_warps) {
     const float* r = row(j);
+    const RowFormat& f = format(j);
     const double pj = p[j];
 #pragma unroll
     for (int i = 0; i < kMaxHeadDim / 32; ++i)
-      if (32 * i + lane < hd) acc[i] += pj * double(r[32 * i + lane]);
+      if (32 * i + lane < hd) acc[i] += pj * double(row_value(f, r, 32 * i + lane));
   }
 #pragma unroll
   for (int i = 0; i < kMaxHeadDim / 32; ++i)
@@ -170,6 +177,8 @@ void CudaBackend::attention(const float* q, int64_t T, int64_t H, int64_t hd, in
     n_comp_max = std::min(comp.n, (p0 + T) / comp.ratio);
   const int64_t n_max = std::min(swa.window, p0 + T) + n_comp_max;
   DSV4_CUDA_REQUIRE(hd <= kMaxHeadDim, "attention: head dim ", hd, " above ", kMaxHeadDim);
+  DSV4_CUDA_REQUIRE(!comp.kv || comp.format.width == hd, "attention: compressed rows of width ", comp.format.width,
+                    ", heads of ", hd);
   const size_t smem = size_t(kAttnWarps * hd) * sizeof(double) + size_t(hd + n_max) * sizeof(float) +
                       (comp.idx ? size_t(comp.k) * sizeof(int32_t) : 0);
   int device = 0, smem_limit = 0;

@@ -115,8 +115,10 @@ class CudaBackend final : public Backend {
   int64_t compressor_push(const model::CompressorWeights& cw, CompressorCarry carry, const float* a, const float* s,
                           int64_t p0, int64_t T, float* pooled) override;
   void compressor_reset(const model::CompressorWeights& cw, CompressorCarry carry) override;
+  void pack_rows(const RowFormat& f, const float* rows, int64_t n, float* stored) override;
   void indexer_select(const float* q, const float* wts, int64_t T, int64_t heads, int64_t dim, const float* keys,
-                      int64_t n_keys, int64_t ratio, int64_t p0, int64_t k, int32_t* idx) override;
+                      const RowFormat& key_format, int64_t n_keys, int64_t ratio, int64_t p0, int64_t k,
+                      int32_t* idx) override;
   void attention(const float* q, int64_t T, int64_t H, int64_t hd, int64_t p0, const SwaRows& swa,
                  const CompressedRows& comp, const float* sinks, float softmax_scale, float* out) override;
 
@@ -181,6 +183,7 @@ class CudaBackend final : public Backend {
   void expert_ffn(GemmRequest gate, GemmRequest up, GemmRequest down, const float* row_weights, double limit);
 
   cudaStream_t stream_ = nullptr;
+  int* pack_inexact_ = nullptr;  // mapped host flag: pack_rows met a value its format cannot hold
   std::unordered_map<const void*, std::pair<void*, size_t>> uploads_;  // host address → (device copy, bytes)
   std::unordered_map<const void*, LinearView*> expert_tables_;         // &experts[0].w? → device views
 };

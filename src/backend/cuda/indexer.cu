@@ -5,8 +5,9 @@
 // ties are common; they go to the lower row, as on the CPU.
 //
 // Parallelisation:
-//   scores: grid (query, key blocks), one warp per (query, key); the heads are summed in order,
-//     each head's dot a double shuffle reduction.
+//   scores: grid (query, key blocks), one warp per (query, key); the warp decodes the key from its
+//     stored format once (each lane its dims lane, lane + 32, …, in registers), then sums the
+//     heads in order, each head's dot a double shuffle reduction.
 //   top-k: one block per query. Each candidate becomes a unique 64-bit key (order-preserving
 //     score bits above the inverted row index), so "higher score, then lower row" is plain key
 //     order. A radix select (eight 8-bit digit passes, histograms in shared memory) finds the
@@ -25,21 +26,27 @@ constexpr int kScoreWarps = 8;
 constexpr int kSelectThreads = 1024;
 constexpr int64_t kMaxTopK = 4096;             // bitonic buffer (32 KiB of keys)
 constexpr int64_t kScoreScratch = int64_t(1) << 26;  // floats of scores per chunk (256 MiB)
+constexpr int kMaxKeyDim = 256;                        // a key's dims in registers: 8 per lane
 
 __global__ void indexer_scores_kernel(const float* q, const float* wts, int64_t heads, int64_t dim,
-                                      const float* keys, int64_t n_keys, int64_t ratio, int64_t p0, bool bf16,
-                                      float* score) {
+                                      const float* keys, RowFormat key_format, int64_t n_keys, int64_t ratio,
+                                      int64_t p0, bool bf16, float* score) {
   const int64_t t = blockIdx.x;
   const int64_t w = int64_t(blockIdx.y) * kScoreWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int64_t visible = (p0 + t + 1) / ratio < n_keys ? (p0 + t + 1) / ratio : n_keys;
   if (w >= visible) return;
-  const float* key = keys + w * dim;
+  float key[kMaxKeyDim / 32];
+#pragma unroll
+  for (int j = 0; j < kMaxKeyDim / 32; ++j)
+    key[j] = 32 * j + lane < dim ? row_value(key_format, keys + w * key_format.stride, 32 * j + lane) : 0.0f;
   double acc = 0.0;
   for (int64_t h = 0; h < heads; ++h) {
     const float* qh = q + (t * heads + h) * dim;
     double dot = 0.0;
-    for (int64_t i = lane; i < dim; i += 32) dot += double(qh[i]) * double(key[i]);
+#pragma unroll
+    for (int j = 0; j < kMaxKeyDim / 32; ++j)
+      if (32 * j + lane < dim) dot += double(qh[32 * j + lane]) * double(key[j]);
     const float d = round_if(bf16, float(warp_sum(dot)));
     acc += double(round_if(bf16, fmaxf(d, 0.0f) * wts[t * heads + h]));
   }
@@ -133,12 +140,14 @@ __global__ void fill_ids_kernel(int32_t* idx, int64_t n, int32_t value) {
 }  // namespace
 
 void CudaBackend::indexer_select(const float* q, const float* wts, int64_t T, int64_t heads, int64_t dim,
-                                 const float* keys, int64_t n_keys, int64_t ratio, int64_t p0, int64_t k,
-                                 int32_t* idx) {
+                                 const float* keys, const RowFormat& key_format, int64_t n_keys, int64_t ratio,
+                                 int64_t p0, int64_t k, int32_t* idx) {
   Timed timed(*this, "indexer_select");
   if (T == 0 || k == 0) return;
   DSV4_CUDA_REQUIRE(ratio > 0 && k <= kMaxTopK && n_keys < (int64_t(1) << 31), "indexer_select: ratio ", ratio,
                     ", k ", k, " (at most ", kMaxTopK, "), ", n_keys, " keys");
+  DSV4_CUDA_REQUIRE(dim <= kMaxKeyDim && (!keys || key_format.width == dim), "indexer_select: keys of width ",
+                    key_format.width, ", queries of ", dim, " (at most ", kMaxKeyDim, ")");
   if (n_keys == 0 || !keys) {
     fill_ids_kernel<<<grid_for(T * k, 256), 256, 0, stream_>>>(idx, T * k, -1);
     DSV4_CUDA_LAUNCHED("indexer_select (no keys)");
@@ -152,7 +161,8 @@ void CudaBackend::indexer_select(const float* q, const float* wts, int64_t T, in
     if (visible_max > 0) {
       const dim3 grid(unsigned(n), unsigned((visible_max + kScoreWarps - 1) / kScoreWarps));
       indexer_scores_kernel<<<grid, kScoreWarps * 32, 0, stream_>>>(q + t0 * heads * dim, wts + t0 * heads, heads,
-                                                                    dim, keys, n_keys, ratio, p0 + t0, deepseek(),
+                                                                    dim, keys, key_format, n_keys, ratio, p0 + t0,
+                                                                    deepseek(),
                                                                     score.get());
       DSV4_CUDA_LAUNCHED("indexer_select (scores)");
     }

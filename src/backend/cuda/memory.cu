@@ -1,5 +1,6 @@
 // Device memory of the CUDA backend (twin of cpu/memory.cpp): activation, state and id buffers
-// from the stream-ordered allocator, host↔device copies, and the upload-once cache of weights.
+// from the stream-ordered allocator, host↔device copies, rows stored in a state layout, and the
+// upload-once cache of weights.
 //
 // Buffers come from cudaMallocAsync on the backend's stream: the engine allocates a few buffers
 // per op, and the pool makes that cheap and keeps frees ordered after the kernels that use them.
@@ -19,11 +20,20 @@ __global__ void fill_kernel(float* dst, float value, int64_t n) {
     dst[i] = value;
 }
 
+// pack_rows: one thread per row (a row is a few hundred bytes, and a step emits few rows). A row
+// that does not come back exactly raises a flag in mapped host memory, read at the next to_host.
+__global__ void pack_rows_kernel(RowFormat f, const float* rows, int64_t n, float* stored, int* inexact) {
+  const int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (r < n && !pack_row(f, rows + r * f.width, stored + r * f.stride)) atomicOr(inexact, 1);
+}
+
 }  // namespace
 
 CudaBackend::CudaBackend(Numerics numerics) : Backend(numerics) {
   if (cuda_device_count() == 0) fail_unsupported("no CUDA device is available");
   DSV4_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  DSV4_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pack_inexact_), sizeof(int), cudaHostAllocMapped));
+  *pack_inexact_ = 0;
   profile_ = profile_requested();
 }
 
@@ -35,6 +45,7 @@ CudaBackend::~CudaBackend() {
   } catch (...) {
   }
   if (gemm_scratch_) cudaFree(gemm_scratch_);
+  if (pack_inexact_) cudaFreeHost(pack_inexact_);
   for (cudaEvent_t e : profile_events_)
     if (e) cudaEventDestroy(e);
   for (auto& [host, dev] : uploads_) cudaFree(dev.first);
@@ -93,6 +104,17 @@ void CudaBackend::to_host(float* host_dst, const float* src, size_t n) {
   DSV4_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
   DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
   profile_ = profile_requested();  // a caller may switch it on between forward passes
+  const bool inexact = *pack_inexact_ != 0;
+  *pack_inexact_ = 0;
+  DSV4_CUDA_REQUIRE(!inexact, "a row stored in the compact state layout did not come back exactly (the compact "
+                    "layout needs deepseek numerics)");
+}
+
+void CudaBackend::pack_rows(const RowFormat& f, const float* rows, int64_t n, float* stored) {
+  Timed timed(*this, "pack_rows");
+  if (n == 0) return;
+  pack_rows_kernel<<<grid_for(n, 64), 64, 0, stream_>>>(f, rows, n, stored, pack_inexact_);
+  DSV4_CUDA_LAUNCHED("pack_rows");
 }
 
 // Synchronous: the caller may free host_src as soon as this returns.

@@ -1,12 +1,58 @@
 // Twins of the attention state and attention ops (cpu/attention.cpp, compressor.cpp,
 // indexer.cpp ↔ cuda/attention.cu, compressor.cu, indexer.cu): the sliding-window ring, sparse
 // attention with sinks over window + compressed rows, the compressor carry and pooling across
-// chunk boundaries, and the Lightning Indexer's top-k (ties included).
+// chunk boundaries, the Lightning Indexer's top-k (ties included), and the compact state layout
+// (rows packed on the device, attention and indexer reading packed rows).
 #include <algorithm>
 
+#include "backend/cpu/quant.h"
 #include "twin.h"
 
 namespace dsv4::test {
+
+// `rows` rows as the deepseek numerics store them, packed in `f` on the host: the head through
+// the FP8 (attention) or FP4 (indexer keys) simulation, the tail rounded to bf16.
+std::vector<float> packed_rows(const std::string& name, const RowFormat& f, int64_t rows) {
+  std::vector<float> x = random_bf16(name, size_t(rows * f.width));
+  std::vector<float> stored(size_t(rows * f.stride));
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = x.data() + r * f.width;
+    for (int32_t b0 = 0; b0 < f.quant_dims; b0 += f.block()) {
+      const int64_t n = std::min(f.block(), f.quant_dims - b0);
+      if (f.kind == RowFormat::fp4)
+        cpu::fp4_sim_block(row + b0, n);
+      else
+        cpu::fp8_sim_block(row + b0, n);
+    }
+    EXPECT_TRUE(pack_row(f, row, stored.data() + r * f.stride)) << name << " row " << r;
+  }
+  return stored;
+}
+
+TEST(CudaTwin, PackRows) {
+  DSV4_REQUIRE_GPU();
+  for (const RowFormat f : {RowFormat::attention(StateLayout::compact, 512, 448),
+                            RowFormat::attention(StateLayout::compact, 72, 40), RowFormat::index_key(StateLayout::compact, 128),
+                            RowFormat::index_key(StateLayout::compact, 32), RowFormat::plain(24)})
+    for (int64_t rows : {1, 37}) {
+      const std::string name = "pack_rows kind" + std::to_string(int(f.kind)) + " w" + std::to_string(f.width) +
+                               " x" + std::to_string(rows);
+      const std::vector<float> x = random_bf16(name + ".x", size_t(rows * f.width), 3.0f);
+      expect_twins(name, Numerics::deepseek, [&](Side& s) {
+        // The rows the engine would store: simulated on the side itself, then packed.
+        float* xd = s.in(x);
+        if (f.kind == RowFormat::fp8_bf16) s->kv_fp8_sim(xd, rows, f.width, f.quant_dims);
+        if (f.kind == RowFormat::fp4) s->indexer_fp4_sim(xd, rows, f.width);
+        float* stored = s.out(size_t(rows * f.stride));
+        s->pack_rows(f, xd, rows, stored);
+        std::vector<int32_t> bits;
+        for (float v : s.read(stored, size_t(rows * f.stride))) bits.push_back(int32_t(f32_bits(v)));
+        Outputs o;
+        o.add("stored bytes", bits);
+        return o;
+      });
+    }
+}
 
 TEST(CudaTwin, SwaRing) {
   DSV4_REQUIRE_GPU();
@@ -32,6 +78,7 @@ TEST(CudaTwin, SwaRing) {
 struct AttnCase {
   int64_t T, H, hd, p0, window;
   int64_t n_comp = 0, ratio = 0, k = 0;  // k > 0: indexer selections
+  int64_t compact_dims = 0;              // > 0: compressed rows packed, this many FP8 dims
 };
 
 TEST(CudaTwin, Attention) {
@@ -44,16 +91,24 @@ TEST(CudaTwin, Attention) {
       {13, 3, 64, 37, 8, 12, 4},            // HCA-style ratio 4
       {11, 4, 128, 500, 128, 127, 4, 32},   // CSA: indexer selections with −1 padding
       {2, 2, 512, 4000, 128, 1000, 4, 512}, // V4-Flash head size and top-k
+      {2, 2, 512, 4000, 128, 1000, 4, 512, 448},  // the same over compact rows
+      {9, 4, 72, 1000, 128, 7, 128, 0, 40},       // HCA over compact rows, a partial FP8 block
   };
   for (const AttnCase& c : cases) {
     const std::string name = "attention T" + std::to_string(c.T) + " H" + std::to_string(c.H) + " hd" +
                              std::to_string(c.hd) + " p" + std::to_string(c.p0) + " W" + std::to_string(c.window) +
                              (c.ratio ? " comp" + std::to_string(c.n_comp) + "/r" + std::to_string(c.ratio) : "") +
-                             (c.k ? " k" + std::to_string(c.k) : "");
+                             (c.k ? " k" + std::to_string(c.k) : "") +
+                             (c.compact_dims ? " compact" : "");
+    const RowFormat comp_format = c.compact_dims ? RowFormat::attention(StateLayout::compact, int32_t(c.hd),
+                                                                        int32_t(c.compact_dims))
+                                                 : RowFormat::plain(int32_t(c.hd));
     const int64_t first_pos = std::max<int64_t>(0, c.p0 - (c.window - 1)), n_swa = c.p0 - first_pos + c.T;
     const std::vector<float> q = random_bf16(name + ".q", size_t(c.T * c.H * c.hd), 2.0f);
     const std::vector<float> kv = random_bf16(name + ".kv", size_t(n_swa * c.hd));
-    const std::vector<float> comp = random_bf16(name + ".comp", size_t(std::max<int64_t>(1, c.n_comp) * c.hd));
+    const std::vector<float> comp = c.compact_dims
+                                        ? packed_rows(name + ".comp", comp_format, std::max<int64_t>(1, c.n_comp))
+                                        : random_bf16(name + ".comp", size_t(std::max<int64_t>(1, c.n_comp) * c.hd));
     const std::vector<float> sinks = random_f32(name + ".sinks", size_t(c.H));
     std::vector<int32_t> idx;
     std::mt19937 rng(seed_of(name + ".idx"));
@@ -62,7 +117,7 @@ TEST(CudaTwin, Attention) {
       float* out = s.out(size_t(c.T * c.H * c.hd));
       const SwaRows swa{s.in(kv), first_pos, n_swa, c.window};
       CompressedRows cr;
-      if (c.ratio) cr = CompressedRows{s.in(comp), c.n_comp, c.ratio, c.k ? s.ids(idx) : nullptr, c.k};
+      if (c.ratio) cr = CompressedRows{s.in(comp), comp_format, c.n_comp, c.ratio, c.k ? s.ids(idx) : nullptr, c.k};
       s->attention(s.in(q), c.T, c.H, c.hd, c.p0, swa, cr, sinks.data(), float(1.0 / std::sqrt(double(c.hd))), out);
       Outputs o;
       o.add("out", s.read(out, size_t(c.T * c.H * c.hd)));
@@ -113,6 +168,7 @@ TEST(CudaTwin, CompressorPushAcrossChunks) {
 struct IndexerCase {
   int64_t T, heads, dim, p0, k;
   bool duplicate_keys = false;  // every key twice: exact ties in any numerics
+  bool compact = false;         // keys packed as FP4
 };
 
 TEST(CudaTwin, IndexerSelect) {
@@ -125,22 +181,28 @@ TEST(CudaTwin, IndexerSelect) {
       {3, 8, 64, 4000, 512},     // V4-Flash top-k over 1000 keys
       {5, 2, 32, 300, 16, true}, // ties
       {2, 4, 128, 40000, 64},    // 10 000 keys
+      {3, 8, 128, 4000, 512, false, true},  // compact keys (68 B)
+      {5, 2, 32, 300, 16, true, true},      // compact keys with ties
   };
   for (const IndexerCase& c : cases) {
     const std::string name = "indexer_select T" + std::to_string(c.T) + " H" + std::to_string(c.heads) + " d" +
                              std::to_string(c.dim) + " p" + std::to_string(c.p0) + " k" + std::to_string(c.k) +
-                             (c.duplicate_keys ? " ties" : "");
+                             (c.duplicate_keys ? " ties" : "") + (c.compact ? " compact" : "");
     const int64_t n_keys = (c.p0 + c.T) / 4;
+    const RowFormat key_format = c.compact ? RowFormat::index_key(StateLayout::compact, int32_t(c.dim))
+                                           : RowFormat::plain(int32_t(c.dim));
     const std::vector<float> q = random_bf16(name + ".q", size_t(c.T * c.heads * c.dim));
     const std::vector<float> wts = random_bf16(name + ".wts", size_t(c.T * c.heads), 0.1f);
-    std::vector<float> keys = random_bf16(name + ".keys", size_t(std::max<int64_t>(1, n_keys) * c.dim));
+    std::vector<float> keys = c.compact ? packed_rows(name + ".keys", key_format, std::max<int64_t>(1, n_keys))
+                                        : random_bf16(name + ".keys", size_t(std::max<int64_t>(1, n_keys) * c.dim));
+    const int64_t stride = key_format.stride;
     if (c.duplicate_keys)
       for (int64_t w = 1; w < n_keys; w += 2)
-        std::copy(keys.begin() + (w - 1) * c.dim, keys.begin() + w * c.dim, keys.begin() + w * c.dim);
+        std::copy(keys.begin() + (w - 1) * stride, keys.begin() + w * stride, keys.begin() + w * stride);
     expect_twins_both(name, [&](Side& s) {
       int32_t* idx = s.ids_out(size_t(c.T * c.k));
-      s->indexer_select(s.in(q), s.in(wts), c.T, c.heads, c.dim, n_keys ? s.in(keys) : nullptr, n_keys, 4, c.p0, c.k,
-                        idx);
+      s->indexer_select(s.in(q), s.in(wts), c.T, c.heads, c.dim, n_keys ? s.in(keys) : nullptr, key_format, n_keys, 4,
+                        c.p0, c.k, idx);
       Outputs o;
       o.add("idx", s.read_ids(idx, size_t(c.T * c.k)));
       return o;
