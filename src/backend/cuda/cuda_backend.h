@@ -173,8 +173,9 @@ class CudaBackend final : public Backend {
 
   // ---- shared GEMM entry (gemm.cu), used by linear, hc and moe ----
   void gemm(const GemmRequest& r);
-  // The quantized activations of the GEMM in flight: one buffer, grown on demand and reused by
-  // every GEMM (they run in stream order), instead of two allocations and frees per product.
+  // The scratch of the GEMM in flight (its quantized activations and the FP64 path's grouping of
+  // rows by expert, in disjoint parts): one buffer, grown on demand and reused by every GEMM (they
+  // run in stream order), instead of allocations and frees per product.
   float* gemm_scratch(size_t n_floats);
   float* gemm_scratch_ = nullptr;
   size_t gemm_scratch_size_ = 0;

@@ -275,33 +275,39 @@ void CudaBackend::gemm(const GemmRequest& r) {
   const bool tiled = deepseek() && r.compute == Compute::quantized;
   DSV4_CUDA_REQUIRE(!tiled || W.format == kFp8 || W.format == kFp4, "linear: quantized compute needs FP8/FP4 weights");
 
+  const bool dmma = r.table ? r.T >= kDmmaMinRowsPerExpert * r.n_views : r.T >= kDmmaMinRows;
+  const bool round_out = deepseek() && r.compute != Compute::f32;
+  const int64_t n_src = (r.T + r.x_div - 1) / r.x_div, n_k128 = (K + 127) / 128;
+  // One scratch buffer, in parts that are live together: the quantized activations, their scales
+  // and the FP64 path's grouping of rows by expert (int32, as wide as a float).
+  const size_t n_qx = tiled ? (size_t(n_src * K) + 3) / 4 * 4 : 0;  // keeps the scales 16-byte aligned
+  const size_t n_sx = tiled ? size_t(n_src * n_k128) : 0;
+  const size_t n_grouping = dmma ? size_t(dmma_scratch_ints(r)) : 0;
+  float* scratch = gemm_scratch(n_qx + n_sx + n_grouping);
+  GemmRequest prepared = r;  // quantized: x becomes the e4m3 activations in scratch
+  const float* sx = nullptr;
+  if (tiled) {
+    act_quant_kernel<<<dim3(unsigned(n_src), unsigned(n_k128)), 128, 0, stream_>>>(r.x, r.x_stride, K, scratch,
+                                                                                    scratch + n_qx);
+    DSV4_CUDA_LAUNCHED("linear (activation quantization)");
+    prepared.x = scratch, prepared.x_stride = K, sx = scratch + n_qx;
+  }
+  if (dmma) {
+    dmma_gemm(prepared, sx, round_out, reinterpret_cast<int32_t*>(scratch + n_qx + n_sx), stream_);
+    return;
+  }
+
   GemmArgs a{};
   a.W = W, a.table = r.table, a.view_of_row = r.view_of_row, a.n_views = r.n_views;
-  a.x = r.x, a.x_stride = r.x_stride, a.x_div = r.x_div, a.n_k128 = (K + 127) / 128, a.K = K, a.T = r.T;
+  a.x = prepared.x, a.x_stride = prepared.x_stride, a.x_div = r.x_div, a.sx = sx, a.n_k128 = n_k128, a.K = K, a.T = r.T;
   a.y = r.y, a.y_stride = r.y_stride, a.row0 = r.row0, a.rows = r.rows;
-  a.round_out = deepseek() && r.compute != Compute::f32;
+  a.round_out = round_out;
   const int64_t nb = row_bytes(W.format, K);
   a.w_vec = nb % 16 == 0;  // device weights start 256-byte aligned (cudaMalloc)
   a.n_chunks = (nb + 15) / 16;
   a.n_tiles = tiled ? (K + (W.format == kFp4 ? 31 : 127)) / (W.format == kFp4 ? 32 : 128) : 0;
   a.split = 1;
   while (a.split < kWarps && int64_t(a.split) * 32 < a.n_chunks) a.split *= 2;
-
-  const int64_t n_src = (r.T + r.x_div - 1) / r.x_div;
-  if (tiled) {
-    const size_t n_qx = (size_t(n_src * K) + 3) / 4 * 4;  // keeps the scales 16-byte aligned
-    float* qx = gemm_scratch(n_qx + size_t(n_src * a.n_k128));
-    act_quant_kernel<<<dim3(unsigned(n_src), unsigned(a.n_k128)), 128, 0, stream_>>>(r.x, r.x_stride, K, qx,
-                                                                                      qx + n_qx);
-    DSV4_CUDA_LAUNCHED("linear (activation quantization)");
-    a.x = qx, a.x_stride = K, a.sx = qx + n_qx;
-  }
-  if (r.table ? r.T >= kDmmaMinRowsPerExpert * r.n_views : r.T >= kDmmaMinRows) {
-    dmma_gemm({W, r.table, r.view_of_row, r.n_views, a.x, a.x_stride, r.x_div, a.sx, K, r.T, r.y, r.y_stride,
-               r.row0, r.rows, tiled, a.round_out},
-              stream_);
-    return;
-  }
   a.x_vec = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && a.x_stride % 4 == 0;
 
   // Token rows per group: one with a table (each row has its own matrix), else up to 8.

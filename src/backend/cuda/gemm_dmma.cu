@@ -28,6 +28,21 @@ __device__ __forceinline__ void dmma(double (&d)[2], double a, double b) {
                : "d"(a), "d"(b));
 }
 
+// Visits the 4 × 4 fragments of 8 × 8 (two elements each) that a lane holds of its warp's 32 × 32
+// quarter at (wm, wn): f(i, j, c, row, col) for d[i][j][c], at (row, col) of the block's tile (the
+// accumulator layout of mma.m8n8k4: lane = 4 · fg + ft holds row fg, columns 2 · ft and 2 · ft + 1).
+// col is 64-bit like the output columns it is added to (in 32 bits the FP4 kernel takes 16 more
+// registers).
+template <class F>
+__device__ __forceinline__ void for_each_fragment_element(int wm, int wn, int fg, int ft, F&& f) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) f(i, j, c, wm + i * 8 + fg, int64_t(wn) + j * 8 + 2 * ft + c);
+}
+
 // Rows grouped by view: group g < n_views holds the rows of view g, group n_views those without
 // one. offsets[g] is the group's first position in `order`, offsets[n_views + 1] = T; every
 // 64-row tile of a group is listed in tile_group / tile_row0 (−1 past the last).
@@ -74,8 +89,18 @@ __global__ void scatter_rows_kernel(const int32_t* view_of_row, int64_t T, int64
     g.order[atomicAdd(&g.cursor[group_of(view_of_row, m, n_views)], 1)] = int32_t(m);
 }
 
+// The kernel's arguments: the request (with the quantized activations as x) and what dmma_gemm
+// adds to it. sx is read through this struct on purpose: copied to a local or passed as a
+// parameter of its own, it raised the FP8 kernel from 128 to 162 registers (fewer blocks per SM).
+struct DmmaArgs {
+  GemmRequest r;
+  const float* sx;  // quantized: the activation scales [n_src, K/128]; nullptr in the double paths
+  bool round_out;   // double paths: round the results to bf16
+};
+
 template <int kFormat, bool kTiled>
-__global__ void __launch_bounds__(kThreads) dmma_kernel(DmmaProblem p, Grouping g) {
+__global__ void __launch_bounds__(kThreads) dmma_kernel(DmmaArgs args, Grouping g) {
+  const GemmRequest& p = args.r;
   __shared__ double As[kBM][kPitch];
   __shared__ double Bs[kBN][kPitch];
   __shared__ int64_t src_of[kBM];  // the x / qx row of each tile row, −1 for none
@@ -104,7 +129,7 @@ __global__ void __launch_bounds__(kThreads) dmma_kernel(DmmaProblem p, Grouping 
     }
   }
   __syncthreads();
-  const int64_t n0 = int64_t(blockIdx.x) * kBN, K = p.K;
+  const int64_t n0 = int64_t(blockIdx.x) * kBN, K = p.W.in;
   if (zeros) {  // rows routed to no expert contribute nothing (as on the CPU)
     for (int i = threadIdx.x; i < kBM * kBN; i += kThreads) {
       const int r = i / kBN, c = i % kBN;
@@ -156,84 +181,89 @@ __global__ void __launch_bounds__(kThreads) dmma_kernel(DmmaProblem p, Grouping 
     // so [k0, k0 + kBK) lies inside the tile starting at kt).
     if (kTiled && ((k0 + kBK) % kTile == 0 || k0 + kBK >= K)) {
       const int64_t kt = k0 / kTile * kTile;
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int64_t s = src_of[wm + i * 8 + fg], n = n0 + wn + j * 8 + 2 * ft + c;
-            if (s >= 0 && n < p.rows) {
-              const float partial = float(d[i][j][c]);
-              const float s_x = p.sx[s * ((K + 127) / 128) + kt / 128];
-              const float s_w = block_scale<kFormat>(W, p.row0 + n, kt);
-              acc[i][j][c] += kTile == 128 ? partial * (s_x * s_w) : (partial * s_x) * s_w;
-            }
-            d[i][j][c] = 0.0;
-          }
+      for_each_fragment_element(wm, wn, fg, ft, [&](int i, int j, int c, int row, int64_t col) {
+        const int64_t s = src_of[row], n = n0 + col;
+        if (s >= 0 && n < p.rows) {
+          const float partial = float(d[i][j][c]);
+          const float s_x = args.sx[s * ((K + 127) / 128) + kt / 128];
+          const float s_w = block_scale<kFormat>(W, p.row0 + n, kt);
+          acc[i][j][c] += kTile == 128 ? partial * (s_x * s_w) : (partial * s_x) * s_w;
+        }
+        d[i][j][c] = 0.0;
+      });
     }
   }
 
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int64_t m = out_of[wm + i * 8 + fg], n = n0 + wn + j * 8 + 2 * ft + c;
-        if (m < 0 || n >= p.rows) continue;
-        float v;
-        if (kTiled) {
-          v = round_bf16(acc[i][j][c]);
-        } else {
-          v = float(d[i][j][c]);
-          if (p.round_out) v = round_bf16(v);
-        }
-        p.y[m * p.y_stride + n] = v;
-      }
+  for_each_fragment_element(wm, wn, fg, ft, [&](int i, int j, int c, int row, int64_t col) {
+    const int64_t m = out_of[row], n = n0 + col;
+    if (m < 0 || n >= p.rows) return;
+    float v;
+    if (kTiled) {
+      v = round_bf16(acc[i][j][c]);
+    } else {
+      v = float(d[i][j][c]);
+      if (args.round_out) v = round_bf16(v);
+    }
+    p.y[m * p.y_stride + n] = v;
+  });
 }
 
 template <int kFormat>
-void launch(const DmmaProblem& p, const Grouping& g, dim3 grid, cudaStream_t stream) {
-  if (p.tiled)
-    dmma_kernel<kFormat, true><<<grid, kThreads, 0, stream>>>(p, g);
+void launch(const DmmaArgs& args, const Grouping& g, dim3 grid, cudaStream_t stream) {
+  if (args.sx)
+    dmma_kernel<kFormat, true><<<grid, kThreads, 0, stream>>>(args, g);
   else
-    dmma_kernel<kFormat, false><<<grid, kThreads, 0, stream>>>(p, g);
+    dmma_kernel<kFormat, false><<<grid, kThreads, 0, stream>>>(args, g);
+}
+
+// Token-row tiles of the grid: with a table each group's last tile may be partial.
+int64_t row_tile_count(const GemmRequest& r) { return (r.T + kBM - 1) / kBM + (r.table ? r.n_views + 1 : 0); }
+
+// Lays the grouping's arrays out one after another from `scratch` (nullptr: only sizes them) and
+// returns the int32 elements they take.
+int64_t lay_out_grouping(const GemmRequest& r, int32_t* scratch, Grouping& g) {
+  const int64_t groups = r.n_views + 1, tiles = row_tile_count(r);
+  int64_t used = 0;
+  auto take = [&](int64_t n) {
+    int32_t* p = scratch ? scratch + used : nullptr;
+    used += n;
+    return p;
+  };
+  g = {take(groups), take(groups + 1), take(groups), take(r.T), take(tiles), take(tiles), tiles};
+  return used;
 }
 
 }  // namespace
 
-void dmma_gemm(const DmmaProblem& p, cudaStream_t stream) {
-  if (p.T == 0 || p.rows == 0) return;
-  const int64_t col_tiles = (p.rows + kBN - 1) / kBN;
-  int64_t row_tiles = (p.T + kBM - 1) / kBM;
+int64_t dmma_scratch_ints(const GemmRequest& r) {
+  Grouping g;
+  return r.table ? lay_out_grouping(r, nullptr, g) : 0;
+}
+
+void dmma_gemm(const GemmRequest& r, const float* sx, bool round_out, int32_t* scratch, cudaStream_t stream) {
+  if (r.T == 0 || r.rows == 0) return;
+  const int64_t col_tiles = (r.rows + kBN - 1) / kBN, row_tiles = row_tile_count(r);
+  DSV4_CUDA_REQUIRE(r.T < (int64_t(1) << 31) && row_tiles < 65536 && col_tiles < (int64_t(1) << 31),
+                    "linear: ", r.T, " tokens × ", r.rows, " rows exceed the launch grid");
   Grouping g{};
-  const int64_t groups = p.table ? p.n_views + 1 : 0;
-  if (p.table) row_tiles += groups;  // each group's last tile may be partial
-  DSV4_CUDA_REQUIRE(p.T < (int64_t(1) << 31) && row_tiles < 65536 && col_tiles < (int64_t(1) << 31),
-                    "linear: ", p.T, " tokens × ", p.rows, " rows exceed the launch grid");
-  // One scratch array for the grouping: counts, offsets, cursor, order, tile lists.
-  const int64_t n_ints = p.table ? groups + (groups + 1) + groups + p.T + 2 * row_tiles : 0;
-  DeviceArray<int32_t> scratch(stream, size_t(n_ints));
-  if (p.table) {
-    int32_t* s = scratch.get();
-    g = {s, s + groups, s + 2 * groups + 1, s + 3 * groups + 1, s + 3 * groups + 1 + p.T,
-         s + 3 * groups + 1 + p.T + row_tiles, row_tiles};
-    DSV4_CUDA_CHECK(cudaMemsetAsync(g.counts, 0, size_t(groups) * sizeof(int32_t), stream));
-    const unsigned blocks = unsigned(std::min<int64_t>((p.T + 255) / 256, 1024));
-    count_rows_kernel<<<blocks, 256, 0, stream>>>(p.view_of_row, p.T, p.n_views, g);
+  if (r.table) {
+    lay_out_grouping(r, scratch, g);
+    DSV4_CUDA_CHECK(cudaMemsetAsync(g.counts, 0, size_t(r.n_views + 1) * sizeof(int32_t), stream));
+    const unsigned blocks = unsigned(std::min<int64_t>((r.T + 255) / 256, 1024));
+    count_rows_kernel<<<blocks, 256, 0, stream>>>(r.view_of_row, r.T, r.n_views, g);
     DSV4_CUDA_LAUNCHED("linear (count rows per expert)");
-    plan_tiles_kernel<<<1, 1, 0, stream>>>(p.n_views, g);
+    plan_tiles_kernel<<<1, 1, 0, stream>>>(r.n_views, g);
     DSV4_CUDA_LAUNCHED("linear (plan expert tiles)");
-    scatter_rows_kernel<<<blocks, 256, 0, stream>>>(p.view_of_row, p.T, p.n_views, g);
+    scatter_rows_kernel<<<blocks, 256, 0, stream>>>(r.view_of_row, r.T, r.n_views, g);
     DSV4_CUDA_LAUNCHED("linear (group rows by expert)");
   }
+  const DmmaArgs args{r, sx, round_out};
   const dim3 grid{unsigned(col_tiles), unsigned(row_tiles)};
-  switch (p.W.format) {
-    case kFp8: launch<kFp8>(p, g, grid, stream); break;
-    case kFp4: launch<kFp4>(p, g, grid, stream); break;
-    case kBf16: launch<kBf16>(p, g, grid, stream); break;
-    default: launch<kF32>(p, g, grid, stream); break;
+  switch (r.W.format) {
+    case kFp8: launch<kFp8>(args, g, grid, stream); break;
+    case kFp4: launch<kFp4>(args, g, grid, stream); break;
+    case kBf16: launch<kBf16>(args, g, grid, stream); break;
+    default: launch<kF32>(args, g, grid, stream); break;
   }
   DSV4_CUDA_LAUNCHED("linear (FP64 tensor cores)");
 }

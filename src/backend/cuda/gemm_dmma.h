@@ -18,25 +18,14 @@
 
 namespace dsv4::cuda {
 
-// One product y[m] = x[src(m)] · W_mᵀ over output rows [row0, row0 + rows), m in [0, T).
-// W_m is `W`, or table[view_of_row[m]] (routed experts; an index outside [0, n_views) gives 0).
-// x has rows of x_stride, src(m) = m / x_div; quantized (tiled) problems pass the e4m3 activation
-// values there and their per-128 scales in sx [n_src, K/128].
-struct DmmaProblem {
-  LinearView W;
-  const LinearView* table = nullptr;
-  const int32_t* view_of_row = nullptr;
-  int64_t n_views = 0;
-  const float* x = nullptr;
-  int64_t x_stride = 0, x_div = 1;
-  const float* sx = nullptr;
-  int64_t K = 0, T = 0;
-  float* y = nullptr;
-  int64_t y_stride = 0, row0 = 0, rows = 0;
-  bool tiled = false, round_out = false;
-};
+// Int32 elements of scratch that dmma_gemm(r, ...) needs: the grouping of rows by expert with a
+// table, none without.
+int64_t dmma_scratch_ints(const GemmRequest& r);
 
-// Enqueues the product on `stream` (scratch memory is stream-ordered).
-void dmma_gemm(const DmmaProblem& p, cudaStream_t stream);
+// Enqueues the product r on `stream`. A quantized (tiled) product passes the e4m3 activation
+// values as r.x (rows of r.x_stride) and their per-128 scales in sx [n_src, K/128]; the double
+// paths pass the fp32 activations and sx = nullptr, and round_out rounds their results to bf16.
+// scratch holds dmma_scratch_ints(r) elements, free for this product's duration (stream order).
+void dmma_gemm(const GemmRequest& r, const float* sx, bool round_out, int32_t* scratch, cudaStream_t stream);
 
 }  // namespace dsv4::cuda
