@@ -50,11 +50,13 @@ DSV4_HD inline float e8m0_to_f32(uint8_t b) {
 }
 
 // ---- FP8 E4M3 (e4m3fn): bias 7, no inf, 0x7f/0xff NaN, max 448 ---------------------------------
+// By bit placement (a hot path on the GPU: no ldexp): a normal code's exponent and mantissa move
+// into the float's fields; a subnormal one is m · 2^-9, exact.
 DSV4_HD inline float e4m3_to_f32(uint8_t b) {
-  const int s = b >> 7, e = (b >> 3) & 0xf, m = b & 7;
+  const uint32_t sign = uint32_t(b & 0x80) << 24, e = (b >> 3) & 0xf, m = b & 7;
   if (e == 15 && m == 7) return NAN;
-  const float mag = e == 0 ? std::ldexp(float(m), -9) : std::ldexp(1.0f + float(m) / 8.0f, e - 7);
-  return s ? -mag : mag;
+  if (e == 0) return f32_from_bits(sign | f32_bits(float(m) * 0.001953125f));
+  return f32_from_bits(sign | ((e + 120) << 23) | (m << 20));
 }
 
 // Rounds x (already clamped to [-448, 448]) to the nearest e4m3 value, ties to even.
@@ -81,10 +83,12 @@ DSV4_HD inline uint8_t f32_to_e4m3(float x) {
 }
 
 // ---- FP4 E2M1: magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6}; bit 3 is the sign ------------------------
+// By bit placement (no table: a local array would live in slow local memory on the GPU): code 1
+// is 0.5; codes 2..7 are (1 + m/2) · 2^(e−1) with e = code >> 1, m = code & 1.
 DSV4_HD inline float e2m1_to_f32(uint8_t nibble) {
-  constexpr float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-  const float m = kMag[nibble & 7];
-  return (nibble & 8) ? -m : m;
+  const uint32_t sign = uint32_t(nibble & 8) << 28, c = nibble & 7;
+  if (c < 2) return f32_from_bits(sign | (c ? 126u << 23 : 0u));
+  return f32_from_bits(sign | (((c >> 1) + 126) << 23) | ((c & 1) << 22));
 }
 
 // Rounds x (already clamped to [-6, 6]) to the nearest e2m1 value, ties to even.

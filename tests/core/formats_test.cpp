@@ -20,8 +20,23 @@ TEST(Formats, E4m3DecodesEveryCode) {
     if ((b & 0x7f) == 0x7f) continue;
     const float v = e4m3_to_f32(uint8_t(b));
     EXPECT_EQ(round_e4m3(v), v) << b;  // every code is a fixed point of the rounding
-    if (b != 0x80) EXPECT_EQ(f32_to_e4m3(v), b) << b;
+    if (b != 0x80) {
+      EXPECT_EQ(f32_to_e4m3(v), b) << b;
+    }
   }
+}
+
+// The decoders place bits; the definitions (§2.2) multiply. Every code, both signs (−0 included).
+TEST(Formats, DecodersMatchTheirDefinitions) {
+  for (int b = 0; b < 256; ++b) {
+    const int s = b >> 7, e = (b >> 3) & 0xf, m = b & 7;
+    if (e == 15 && m == 7) continue;
+    const float mag = e == 0 ? std::ldexp(float(m), -9) : std::ldexp(1.0f + float(m) / 8.0f, e - 7);
+    EXPECT_EQ(f32_bits(e4m3_to_f32(uint8_t(b))), f32_bits(s ? -mag : mag)) << b;
+  }
+  const float e2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  for (int n = 0; n < 16; ++n)
+    EXPECT_EQ(f32_bits(e2m1_to_f32(uint8_t(n))), f32_bits((n & 8) ? -e2m1[n & 7] : e2m1[n & 7])) << n;
 }
 
 TEST(Formats, E4m3RoundsToNearestEven) {

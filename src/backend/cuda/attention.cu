@@ -7,16 +7,19 @@
 // probabilities are rounded to bf16 before P·V while the denominator sums the unrounded
 // exponentials (§3.3).
 //
-// Compressed rows are read in their stored format (core/row_format.h), value by value.
+// Compressed rows are read in their stored format (core/row_format.h): the kernel is compiled per
+// row kind, and a lane reads groups of 4 dims (one 4-byte load of e4m3 codes, or 16 bytes of
+// floats from the window).
 //
 // Parallelisation: one block of 256 threads per (query, head). The query and the logits of every
 // row it attends live in shared memory (so the row count is bounded by shared memory: ~50K rows
 // on Hopper). Phase 1 lists the compressed rows (a warp compacts the indexer's selection with
 // ballots, keeping its order); phase 2 has one warp per row for the dot product (double, shuffle
 // reduction); phase 3 the max and exponentials block-wide; phase 4 sums P·V in double: warp w
-// takes every 8th row, each lane 16 dims (so each row is one coalesced read with many loads in
-// flight; one thread per dim walking all rows was latency-bound), and the 8 partial sums are
-// added in warp order. Double sums in another order than the CPU's (device_math.cuh).
+// takes every 8th row, each lane the groups of 4 dims at 128·i + 4·lane (so each row is one
+// coalesced read with many loads in flight; one thread per dim walking all rows was
+// latency-bound), and the 8 partial sums are added in warp order. Double sums in another order
+// than the CPU's (device_math.cuh).
 #include <algorithm>
 #include <cmath>
 
@@ -58,6 +61,41 @@ struct AttnArgs {
   float* out;
 };
 
+// A lane's share of a row: the groups of 4 dims starting at 128·i + 4·lane.
+constexpr int kGroups = kMaxHeadDim / 128;
+
+// Row r's dot with the query, this lane's part (rows of kind K).
+template <RowFormat::Kind K>
+__device__ inline double dot_part(const RowFormat& f, const float* r, const float* qs, int64_t hd, int lane) {
+  double acc = 0.0;
+#pragma unroll
+  for (int i = 0; i < kGroups; ++i) {
+    const int32_t d0 = 128 * i + 4 * lane;
+    if (d0 >= hd) break;
+    float v[4];
+    row_values4<K>(f, r, d0, v);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc += double(qs[d0 + c]) * double(v[c]);
+  }
+  return acc;
+}
+
+// acc += p · row r, this lane's dims (acc[4·i + c] holds dim 128·i + 4·lane + c).
+template <RowFormat::Kind K>
+__device__ inline void add_part(const RowFormat& f, const float* r, double p, int64_t hd, int lane,
+                                double (&acc)[4 * kGroups]) {
+#pragma unroll
+  for (int i = 0; i < kGroups; ++i) {
+    const int32_t d0 = 128 * i + 4 * lane;
+    if (d0 >= hd) break;
+    float v[4];
+    row_values4<K>(f, r, d0, v);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[4 * i + c] += p * double(v[c]);
+  }
+}
+
+template <RowFormat::Kind K>
 __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a) {
   extern __shared__ double smem[];
   __shared__ float fscratch[32];
@@ -91,21 +129,18 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a) {
   for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = a.q[(t * a.H + h) * hd + d];
   __syncthreads();
   const int64_t n = n_win + n_comp_s;
-  // Row j: a window row (fp32) or a compressed row in its stored format.
+  // Row j: a window row (fp32) or a compressed row in its stored format (kind K).
   const RowFormat window_format = RowFormat::plain(int32_t(hd));
-  auto row = [&](int64_t j) -> const float* {
-    if (j < n_win) return a.swa.kv + (lo + j - a.swa.first_pos) * hd;
+  auto window_row = [&](int64_t j) { return a.swa.kv + (lo + j - a.swa.first_pos) * hd; };
+  auto comp_row = [&](int64_t j) {
     const int64_t w = a.comp.idx ? comp_rows[j - n_win] : j - n_win;
     return a.comp.kv + w * a.comp.format.stride;
   };
-  auto format = [&](int64_t j) -> const RowFormat& { return j < n_win ? window_format : a.comp.format; };
 
   // Phase 2: logits, one warp per row.
   for (int64_t j = warp; j < n; j += n_warps) {
-    const float* r = row(j);
-    const RowFormat& f = format(j);
-    double acc = 0.0;
-    for (int64_t d = lane; d < hd; d += 32) acc += double(qs[d]) * double(row_value(f, r, d));
+    double acc = j < n_win ? dot_part<RowFormat::f32>(window_format, window_row(j), qs, hd, lane)
+                           : dot_part<K>(a.comp.format, comp_row(j), qs, hd, lane);
     acc = warp_sum(acc);
     if (lane == 0) p[j] = float(acc) * a.softmax_scale;
   }
@@ -124,18 +159,18 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a) {
   den = block_sum(den, dscratch) + exp_f(a.sinks[h] - mx);
 
   // Phase 4: P·V (see the top).
-  double acc[kMaxHeadDim / 32] = {};
+  double acc[4 * kGroups] = {};
   for (int64_t j = warp; j < n; j += n_warps) {
-    const float* r = row(j);
-    const RowFormat& f = format(j);
-    const double pj = p[j];
-#pragma unroll
-    for (int i = 0; i < kMaxHeadDim / 32; ++i)
-      if (32 * i + lane < hd) acc[i] += pj * double(row_value(f, r, 32 * i + lane));
+    if (j < n_win)
+      add_part<RowFormat::f32>(window_format, window_row(j), double(p[j]), hd, lane, acc);
+    else
+      add_part<K>(a.comp.format, comp_row(j), double(p[j]), hd, lane, acc);
   }
 #pragma unroll
-  for (int i = 0; i < kMaxHeadDim / 32; ++i)
-    if (32 * i + lane < hd) part[warp * hd + 32 * i + lane] = acc[i];
+  for (int i = 0; i < kGroups; ++i)
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+      if (128 * i + 4 * lane < hd) part[warp * hd + 128 * i + 4 * lane + c] = acc[4 * i + c];
   __syncthreads();
   for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
     double sum = 0.0;
@@ -179,6 +214,12 @@ void CudaBackend::attention(const float* q, int64_t T, int64_t H, int64_t hd, in
   DSV4_CUDA_REQUIRE(hd <= kMaxHeadDim, "attention: head dim ", hd, " above ", kMaxHeadDim);
   DSV4_CUDA_REQUIRE(!comp.kv || comp.format.width == hd, "attention: compressed rows of width ", comp.format.width,
                     ", heads of ", hd);
+  // Groups of 4 dims: 16-byte aligned window rows, e4m3 groups that never straddle the bf16 tail.
+  DSV4_CUDA_REQUIRE(hd % 4 == 0 && comp.format.quant_dims % 4 == 0 && reinterpret_cast<uintptr_t>(swa.kv) % 16 == 0 &&
+                        reinterpret_cast<uintptr_t>(comp.kv) % 16 == 0,
+                    "attention: head dim ", hd, " and FP8 dims ", comp.format.quant_dims,
+                    " must be multiples of 4, rows 16-byte aligned");
+  DSV4_CUDA_REQUIRE(comp.format.kind != RowFormat::fp4, "attention: compressed rows cannot be FP4");
   const size_t smem = size_t(kAttnWarps * hd) * sizeof(double) + size_t(hd + n_max) * sizeof(float) +
                       (comp.idx ? size_t(comp.k) * sizeof(int32_t) : 0);
   int device = 0, smem_limit = 0;
@@ -187,10 +228,12 @@ void CudaBackend::attention(const float* q, int64_t T, int64_t H, int64_t hd, in
   if (smem + 1024 > size_t(smem_limit))
     fail_unsupported(cat("attention: ", n_max, " rows per query need ", smem, " bytes of shared memory (limit ",
                          smem_limit, ")"));
-  DSV4_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const auto kernel = comp.format.kind == RowFormat::fp8_bf16 ? attention_kernel<RowFormat::fp8_bf16>
+                                                              : attention_kernel<RowFormat::f32>;
+  DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const AttnArgs args{q, H, hd, p0, swa, comp, static_cast<const float*>(upload(sinks, size_t(H) * sizeof(float))),
                       softmax_scale, n_max, deepseek(), out};
-  attention_kernel<<<dim3(unsigned(T), unsigned(H)), kAttnThreads, smem, stream_>>>(args);
+  kernel<<<dim3(unsigned(T), unsigned(H)), kAttnThreads, smem, stream_>>>(args);
   DSV4_CUDA_LAUNCHED("attention");
 }
 

@@ -8,6 +8,12 @@
 //   scores: grid (query, key blocks), one warp per (query, key); the warp decodes the key from its
 //     stored format once (each lane its dims lane, lane + 32, …, in registers), then sums the
 //     heads in order, each head's dot a double shuffle reduction.
+//   scores over compact (FP4) keys in deepseek numerics: q and k are e2m1 · 2^e with one e per
+//     32-block, so a block's dot is 2^(e_q + e_k − 2) times a small integer sum of products of
+//     2·e2m1 values (integers in [−12, 12]): four-way int8 dot products (dp4a) give it exactly,
+//     and the few block terms, exact doubles, add to the same correctly rounded float as the
+//     double path. q is packed into the keys' format first; one thread per key, the query's
+//     codes in shared memory (every thread reads the same word: a broadcast).
 //   top-k: one block per query. Each candidate becomes a unique 64-bit key (order-preserving
 //     score bits above the inverted row index), so "higher score, then lower row" is plain key
 //     order. A radix select (eight 8-bit digit passes, histograms in shared memory) finds the
@@ -51,6 +57,72 @@ __global__ void indexer_scores_kernel(const float* q, const float* wts, int64_t 
     acc += double(round_if(bf16, fmaxf(d, 0.0f) * wts[t * heads + h]));
   }
   if (lane == 0) score[t * n_keys + w] = round_if(bf16, float(acc));
+}
+
+constexpr int kFp4KeysPerBlock = 256;
+constexpr int kFp4MaxWords = kMaxKeyDim / 4;  // a key as int8 words (4 codes each)
+
+// The 2·e2m1 integers of 8 nibbles (one 32-bit word of codes) as two words of four int8.
+__device__ inline void fp4_to_int8x8(uint32_t nibbles, uint32_t& lo, uint32_t& hi) {
+  auto one = [](uint32_t c) -> uint32_t {
+    const int m = c & 7;  // magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6 doubled
+    const int v = m < 5 ? m : (m == 5 ? 6 : (m == 6 ? 8 : 12));
+    return uint32_t(uint8_t(int8_t(c & 8 ? -v : v)));
+  };
+  lo = one(nibbles) | one(nibbles >> 4) << 8 | one(nibbles >> 8) << 16 | one(nibbles >> 12) << 24;
+  hi = one(nibbles >> 16) | one(nibbles >> 20) << 8 | one(nibbles >> 24) << 16 | one(nibbles >> 28) << 24;
+}
+
+__device__ inline double pow2(int e) { return __longlong_as_double(int64_t(e + 1023) << 52); }
+
+// score[t, w] for one query t (blockIdx.x) and kFp4KeysPerBlock keys from blockIdx.y.
+// qc: the queries packed as FP4 rows (key_format), [T, heads].
+__global__ void __launch_bounds__(kFp4KeysPerBlock)
+    indexer_scores_fp4_kernel(const float* qc, const float* wts, int64_t heads, RowFormat f, const float* keys,
+                              int64_t n_keys, int64_t ratio, int64_t p0, float* score) {
+  extern __shared__ uint32_t q_words[];  // [heads][words] int8 codes, then [heads][blocks] exponents
+  const int64_t t = blockIdx.x;
+  const int words = f.width / 4, blocks = f.width / RowFormat::kFp4Block;
+  int* q_exp = reinterpret_cast<int*>(q_words + heads * words);
+  for (int64_t i = threadIdx.x; i < heads * (words / 2); i += blockDim.x) {
+    const int64_t h = i / (words / 2), j = i % (words / 2);
+    const uint8_t* row = reinterpret_cast<const uint8_t*>(qc + (t * heads + h) * f.stride);
+    const uint32_t nibbles = *reinterpret_cast<const uint32_t*>(row + 4 * j);
+    fp4_to_int8x8(nibbles, q_words[h * words + 2 * j], q_words[h * words + 2 * j + 1]);
+  }
+  for (int64_t i = threadIdx.x; i < heads * blocks; i += blockDim.x) {
+    const int64_t h = i / blocks, b = i % blocks;
+    q_exp[i] = int(reinterpret_cast<const uint8_t*>(qc + (t * heads + h) * f.stride)[f.scale_offset() + b]) - 127;
+  }
+  __syncthreads();
+  const int64_t w = int64_t(blockIdx.y) * kFp4KeysPerBlock + threadIdx.x;
+  const int64_t visible = (p0 + t + 1) / ratio < n_keys ? (p0 + t + 1) / ratio : n_keys;
+  if (w >= visible) return;
+  const uint8_t* key = reinterpret_cast<const uint8_t*>(keys + w * f.stride);
+  uint32_t k_words[kFp4MaxWords];
+  int k_exp[kMaxKeyDim / RowFormat::kFp4Block];
+#pragma unroll
+  for (int j = 0; j < kFp4MaxWords / 2; ++j)
+    if (j < words / 2) fp4_to_int8x8(*reinterpret_cast<const uint32_t*>(key + 4 * j), k_words[2 * j], k_words[2 * j + 1]);
+#pragma unroll
+  for (int b = 0; b < kMaxKeyDim / RowFormat::kFp4Block; ++b)
+    if (b < blocks) k_exp[b] = int(key[f.scale_offset() + b]) - 127;
+  double acc = 0.0;
+  for (int64_t h = 0; h < heads; ++h) {
+    const uint32_t* qh = q_words + h * words;
+    double dot = 0.0;
+#pragma unroll
+    for (int b = 0; b < kMaxKeyDim / RowFormat::kFp4Block; ++b) {
+      if (b >= blocks) break;
+      int sum = 0;
+#pragma unroll
+      for (int u = 0; u < 8; ++u) sum = __dp4a(int(k_words[8 * b + u]), int(qh[8 * b + u]), sum);
+      dot += double(sum) * pow2(q_exp[h * blocks + b] + k_exp[b] - 2);
+    }
+    const float d = round_bf16(float(dot));
+    acc += double(round_bf16(fmaxf(d, 0.0f) * wts[t * heads + h]));
+  }
+  score[t * n_keys + w] = round_bf16(float(acc));
 }
 
 // Larger key = higher score, then lower row. −0 is folded into +0: they compare equal on the CPU.
@@ -153,12 +225,27 @@ void CudaBackend::indexer_select(const float* q, const float* wts, int64_t T, in
     DSV4_CUDA_LAUNCHED("indexer_select (no keys)");
     return;
   }
+  // Compact keys in deepseek numerics: the exact integer path, on q packed like the keys.
+  const bool fp4_path = deepseek() && key_format.kind == RowFormat::fp4 && dim % RowFormat::kFp4Block == 0;
+  DeviceArray<float> q_packed(stream_, fp4_path ? size_t(T * heads * key_format.stride) : 0);
+  const size_t fp4_smem = size_t(heads) * size_t(dim / 4 + dim / RowFormat::kFp4Block) * sizeof(uint32_t);
+  if (fp4_path) {
+    pack_rows(key_format, q, T * heads, q_packed.get());
+    DSV4_CUDA_REQUIRE(fp4_smem <= 48 * 1024, "indexer_select: ", heads, " heads of ", dim, " need ", fp4_smem,
+                      " bytes of shared memory");
+  }
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(T, kScoreScratch / n_keys));
   DeviceArray<float> score(stream_, size_t(chunk * n_keys));
   for (int64_t t0 = 0; t0 < T; t0 += chunk) {
     const int64_t n = std::min(chunk, T - t0);
     const int64_t visible_max = std::min(n_keys, (p0 + t0 + n) / ratio);
-    if (visible_max > 0) {
+    if (visible_max > 0 && fp4_path) {
+      const dim3 grid(unsigned(n), unsigned((visible_max + kFp4KeysPerBlock - 1) / kFp4KeysPerBlock));
+      indexer_scores_fp4_kernel<<<grid, kFp4KeysPerBlock, fp4_smem, stream_>>>(
+          q_packed.get() + t0 * heads * key_format.stride, wts + t0 * heads, heads, key_format, keys, n_keys, ratio,
+          p0 + t0, score.get());
+      DSV4_CUDA_LAUNCHED("indexer_select (FP4 scores)");
+    } else if (visible_max > 0) {
       const dim3 grid(unsigned(n), unsigned((visible_max + kScoreWarps - 1) / kScoreWarps));
       indexer_scores_kernel<<<grid, kScoreWarps * 32, 0, stream_>>>(q + t0 * heads * dim, wts + t0 * heads, heads,
                                                                     dim, keys, key_format, n_keys, ratio, p0 + t0,

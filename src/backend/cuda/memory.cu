@@ -20,11 +20,12 @@ __global__ void fill_kernel(float* dst, float value, int64_t n) {
     dst[i] = value;
 }
 
-// pack_rows: one thread per row (a row is a few hundred bytes, and a step emits few rows). A row
+// pack_rows: one thread per (row, part) (pack_row_part: a quantized block, or the tail). A row
 // that does not come back exactly raises a flag in mapped host memory, read at the next to_host.
 __global__ void pack_rows_kernel(RowFormat f, const float* rows, int64_t n, float* stored, int* inexact) {
-  const int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (r < n && !pack_row(f, rows + r * f.width, stored + r * f.stride)) atomicOr(inexact, 1);
+  const int32_t parts = pack_parts(f);
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, r = i / parts;
+  if (r < n && !pack_row_part(f, rows + r * f.width, stored + r * f.stride, int32_t(i % parts))) atomicOr(inexact, 1);
 }
 
 }  // namespace
@@ -113,7 +114,7 @@ void CudaBackend::to_host(float* host_dst, const float* src, size_t n) {
 void CudaBackend::pack_rows(const RowFormat& f, const float* rows, int64_t n, float* stored) {
   Timed timed(*this, "pack_rows");
   if (n == 0) return;
-  pack_rows_kernel<<<grid_for(n, 64), 64, 0, stream_>>>(f, rows, n, stored, pack_inexact_);
+  pack_rows_kernel<<<grid_for(n * pack_parts(f), 64), 64, 0, stream_>>>(f, rows, n, stored, pack_inexact_);
   DSV4_CUDA_LAUNCHED("pack_rows");
 }
 

@@ -181,8 +181,9 @@ TEST(CudaTwin, IndexerSelect) {
       {3, 8, 64, 4000, 512},     // V4-Flash top-k over 1000 keys
       {5, 2, 32, 300, 16, true}, // ties
       {2, 4, 128, 40000, 64},    // 10 000 keys
-      {3, 8, 128, 4000, 512, false, true},  // compact keys (68 B)
+      {3, 8, 128, 4000, 512, false, true},  // compact keys (68 B): the integer path in deepseek
       {5, 2, 32, 300, 16, true, true},      // compact keys with ties
+      {2, 64, 128, 40000, 512, false, true},  // V4-Flash indexer heads over 10 000 compact keys
   };
   for (const IndexerCase& c : cases) {
     const std::string name = "indexer_select T" + std::to_string(c.T) + " H" + std::to_string(c.heads) + " d" +
@@ -201,7 +202,11 @@ TEST(CudaTwin, IndexerSelect) {
         std::copy(keys.begin() + (w - 1) * stride, keys.begin() + w * stride, keys.begin() + w * stride);
     expect_twins_both(name, [&](Side& s) {
       int32_t* idx = s.ids_out(size_t(c.T * c.k));
-      s->indexer_select(s.in(q), s.in(wts), c.T, c.heads, c.dim, n_keys ? s.in(keys) : nullptr, key_format, n_keys, 4,
+      // Compact keys come from deepseek numerics, whose queries are FP4-simulated too (a no-op in
+      // plain, where the GPU takes its general path over the packed keys).
+      float* qd = s.in(q);
+      if (c.compact) s->indexer_fp4_sim(qd, c.T * c.heads, c.dim);
+      s->indexer_select(qd, s.in(wts), c.T, c.heads, c.dim, n_keys ? s.in(keys) : nullptr, key_format, n_keys, 4,
                         c.p0, c.k, idx);
       Outputs o;
       o.add("idx", s.read_ids(idx, size_t(c.T * c.k)));
