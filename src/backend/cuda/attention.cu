@@ -179,6 +179,116 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a) {
   }
 }
 
+// ---- split over rows: few queries over many rows (decode with HCA at long context) -----------
+// One block per (query, head) leaves most of the GPU idle and waits on memory when a query reads
+// thousands of rows. The same exact two-pass softmax then runs in three kernels over slices of
+// kSplitRows rows, grid (query, head, slice): the logits; the max over all of them (every slice
+// block takes it itself), the slice's exponentials, its share of the denominator and of P·V;
+// and the sum of the slices in slice order. Only the contiguous rows of HCA take this path
+// (CSA attends the window and its top-k: a few hundred rows).
+constexpr int kSplitRows = 256;
+
+struct SplitArgs {
+  AttnArgs a;
+  int64_t slices;
+  float* logits;    // [T, H, n_max]
+  double* den;      // [T, H, slices]
+  double* partial;  // [T, H, slices, hd]
+};
+
+// The rows query t sees, in order: window rows, then the visible compressed rows.
+struct QueryRows {
+  int64_t lo, n_win, n;
+  __device__ QueryRows(const AttnArgs& a, int64_t t) {
+    const int64_t pos = a.p0 + t;
+    lo = pos - a.swa.window + 1 > 0 ? pos - a.swa.window + 1 : 0;
+    n_win = pos - lo + 1;
+    const int64_t visible = a.comp.ratio > 0 ? (pos + 1) / a.comp.ratio : 0;
+    n = n_win + (visible < a.comp.n ? visible : a.comp.n);
+  }
+};
+
+template <RowFormat::Kind K>
+__global__ void __launch_bounds__(kAttnThreads) split_logits_kernel(SplitArgs s) {
+  __shared__ float qs[kMaxHeadDim];
+  const AttnArgs& a = s.a;
+  const int64_t t = blockIdx.x, h = blockIdx.y, hd = a.hd;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const QueryRows rows(a, t);
+  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = a.q[(t * a.H + h) * hd + d];
+  __syncthreads();
+  const RowFormat window_format = RowFormat::plain(int32_t(hd));
+  const int64_t end = (blockIdx.z + 1) * kSplitRows < rows.n ? (blockIdx.z + 1) * kSplitRows : rows.n;
+  for (int64_t j = blockIdx.z * kSplitRows + warp; j < end; j += kAttnWarps) {
+    double acc = j < rows.n_win
+                     ? dot_part<RowFormat::f32>(window_format, a.swa.kv + (rows.lo + j - a.swa.first_pos) * hd, qs, hd, lane)
+                     : dot_part<K>(a.comp.format, a.comp.kv + (j - rows.n_win) * a.comp.format.stride, qs, hd, lane);
+    acc = warp_sum(acc);
+    if (lane == 0) s.logits[(t * a.H + h) * a.n_max + j] = float(acc) * a.softmax_scale;
+  }
+}
+
+template <RowFormat::Kind K>
+__global__ void __launch_bounds__(kAttnThreads) split_values_kernel(SplitArgs s) {
+  extern __shared__ double part[];  // [warps][hd]
+  __shared__ float fscratch[32];
+  __shared__ double dscratch[32];
+  const AttnArgs& a = s.a;
+  const int64_t t = blockIdx.x, h = blockIdx.y, hd = a.hd, slice = blockIdx.z;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const QueryRows rows(a, t);
+  const float* logits = s.logits + (t * a.H + h) * a.n_max;
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < rows.n; j += blockDim.x) mx = fmaxf(mx, logits[j]);
+  mx = block_max(mx, fscratch);
+  const int64_t begin = slice * kSplitRows, end = begin + kSplitRows < rows.n ? begin + kSplitRows : rows.n;
+  double den = 0.0;
+  for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) den += exp_f(logits[j] - mx);
+  den = block_sum(den, dscratch);
+  const RowFormat window_format = RowFormat::plain(int32_t(hd));
+  double acc[4 * kGroups] = {};
+  for (int64_t j = begin + warp; j < end; j += kAttnWarps) {
+    const double pj = round_if(a.bf16, exp_f(logits[j] - mx));
+    if (j < rows.n_win)
+      add_part<RowFormat::f32>(window_format, a.swa.kv + (rows.lo + j - a.swa.first_pos) * hd, pj, hd, lane, acc);
+    else
+      add_part<K>(a.comp.format, a.comp.kv + (j - rows.n_win) * a.comp.format.stride, pj, hd, lane, acc);
+  }
+#pragma unroll
+  for (int i = 0; i < kGroups; ++i)
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+      if (128 * i + 4 * lane < hd) part[warp * hd + 128 * i + 4 * lane + c] = acc[4 * i + c];
+  __syncthreads();
+  const int64_t at = (t * a.H + h) * s.slices + slice;
+  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
+    double sum = 0.0;
+    for (int w = 0; w < kAttnWarps; ++w) sum += part[w * hd + d];
+    s.partial[at * hd + d] = sum;
+  }
+  if (threadIdx.x == 0) s.den[at] = den;
+}
+
+__global__ void __launch_bounds__(kAttnThreads) split_combine_kernel(SplitArgs s) {
+  __shared__ float fscratch[32];
+  const AttnArgs& a = s.a;
+  const int64_t t = blockIdx.x, h = blockIdx.y, hd = a.hd;
+  const QueryRows rows(a, t);
+  const float* logits = s.logits + (t * a.H + h) * a.n_max;
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < rows.n; j += blockDim.x) mx = fmaxf(mx, logits[j]);
+  mx = block_max(mx, fscratch);
+  const int64_t used = (rows.n + kSplitRows - 1) / kSplitRows, base = (t * a.H + h) * s.slices;
+  double den = 0.0;
+  for (int64_t sl = 0; sl < used; ++sl) den += s.den[base + sl];
+  den += exp_f(a.sinks[h] - mx);
+  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
+    double sum = 0.0;
+    for (int64_t sl = 0; sl < used; ++sl) sum += s.partial[(base + sl) * hd + d];
+    a.out[(t * a.H + h) * hd + d] = round_if(a.bf16, float(sum) / float(den));
+  }
+}
+
 }  // namespace
 
 void CudaBackend::swa_gather(const float* ring, int64_t window, int64_t width, int64_t pos_begin, int64_t pos_end,
@@ -211,6 +321,7 @@ void CudaBackend::attention(const float* q, int64_t T, int64_t H, int64_t hd, in
   else if (comp.ratio > 0)
     n_comp_max = std::min(comp.n, (p0 + T) / comp.ratio);
   const int64_t n_max = std::min(swa.window, p0 + T) + n_comp_max;
+  const int64_t slices = (n_max + kSplitRows - 1) / kSplitRows;
   DSV4_CUDA_REQUIRE(hd <= kMaxHeadDim, "attention: head dim ", hd, " above ", kMaxHeadDim);
   DSV4_CUDA_REQUIRE(!comp.kv || comp.format.width == hd, "attention: compressed rows of width ", comp.format.width,
                     ", heads of ", hd);
@@ -220,6 +331,25 @@ void CudaBackend::attention(const float* q, int64_t T, int64_t H, int64_t hd, in
                     "attention: head dim ", hd, " and FP8 dims ", comp.format.quant_dims,
                     " must be multiples of 4, rows 16-byte aligned");
   DSV4_CUDA_REQUIRE(comp.format.kind != RowFormat::fp4, "attention: compressed rows cannot be FP4");
+  const AttnArgs args{q, H, hd, p0, swa, comp, static_cast<const float*>(upload(sinks, size_t(H) * sizeof(float))),
+                      softmax_scale, n_max, deepseek(), out};
+  const bool fp8_rows = comp.format.kind == RowFormat::fp8_bf16;
+  if (!comp.idx && slices >= 8 && T * H * slices <= (int64_t(1) << 16)) {  // few queries, many rows
+    DeviceArray<float> logits(stream_, size_t(T * H * n_max));
+    DeviceArray<double> den(stream_, size_t(T * H * slices)), partial(stream_, size_t(T * H * slices * hd));
+    const SplitArgs split{args, slices, logits.get(), den.get(), partial.get()};
+    const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(H), static_cast<unsigned>(slices));
+    const size_t part_bytes = size_t(kAttnWarps * hd) * sizeof(double);
+    (fp8_rows ? split_logits_kernel<RowFormat::fp8_bf16> : split_logits_kernel<RowFormat::f32>)
+        <<<grid, kAttnThreads, 0, stream_>>>(split);
+    DSV4_CUDA_LAUNCHED("attention (split logits)");
+    (fp8_rows ? split_values_kernel<RowFormat::fp8_bf16> : split_values_kernel<RowFormat::f32>)
+        <<<grid, kAttnThreads, part_bytes, stream_>>>(split);
+    DSV4_CUDA_LAUNCHED("attention (split values)");
+    split_combine_kernel<<<dim3(unsigned(T), unsigned(H)), kAttnThreads, 0, stream_>>>(split);
+    DSV4_CUDA_LAUNCHED("attention (split combine)");
+    return;
+  }
   const size_t smem = size_t(kAttnWarps * hd) * sizeof(double) + size_t(hd + n_max) * sizeof(float) +
                       (comp.idx ? size_t(comp.k) * sizeof(int32_t) : 0);
   int device = 0, smem_limit = 0;
@@ -228,11 +358,8 @@ void CudaBackend::attention(const float* q, int64_t T, int64_t H, int64_t hd, in
   if (smem + 1024 > size_t(smem_limit))
     fail_unsupported(cat("attention: ", n_max, " rows per query need ", smem, " bytes of shared memory (limit ",
                          smem_limit, ")"));
-  const auto kernel = comp.format.kind == RowFormat::fp8_bf16 ? attention_kernel<RowFormat::fp8_bf16>
-                                                              : attention_kernel<RowFormat::f32>;
+  const auto kernel = fp8_rows ? attention_kernel<RowFormat::fp8_bf16> : attention_kernel<RowFormat::f32>;
   DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  const AttnArgs args{q, H, hd, p0, swa, comp, static_cast<const float*>(upload(sinks, size_t(H) * sizeof(float))),
-                      softmax_scale, n_max, deepseek(), out};
   kernel<<<dim3(unsigned(T), unsigned(H)), kAttnThreads, smem, stream_>>>(args);
   DSV4_CUDA_LAUNCHED("attention");
 }

@@ -17,7 +17,9 @@
 //   top-k: one block per query. Each candidate becomes a unique 64-bit key (order-preserving
 //     score bits above the inverted row index), so "higher score, then lower row" is plain key
 //     order. A radix select (eight 8-bit digit passes, histograms in shared memory) finds the
-//     k-th largest key; the k keys at or above it are gathered and bitonic-sorted in shared memory.
+//     k-th largest key (once the keys still in play fit in shared memory they are gathered there,
+//     and later passes skip the scores; once they are exactly the ones still wanted, it stops);
+//     the k keys at or above it are gathered and bitonic-sorted in shared memory.
 //   Queries are processed in chunks so the score scratch stays bounded at long contexts.
 #include <algorithm>
 
@@ -114,9 +116,15 @@ __global__ void __launch_bounds__(kFp4KeysPerBlock)
 #pragma unroll
     for (int b = 0; b < kMaxKeyDim / RowFormat::kFp4Block; ++b) {
       if (b >= blocks) break;
-      int sum = 0;
-#pragma unroll
-      for (int u = 0; u < 8; ++u) sum = __dp4a(int(k_words[8 * b + u]), int(qh[8 * b + u]), sum);
+      // The block's 8 query words in two 16-byte shared-memory loads (rows of words are 16-byte
+      // aligned: words is a multiple of 8).
+      const uint4 q0 = reinterpret_cast<const uint4*>(qh + 8 * b)[0], q1 = reinterpret_cast<const uint4*>(qh + 8 * b)[1];
+      const uint32_t* kb = k_words + 8 * b;
+      int sum = __dp4a(int(kb[0]), int(q0.x), 0);
+      sum = __dp4a(int(kb[1]), int(q0.y), sum), sum = __dp4a(int(kb[2]), int(q0.z), sum);
+      sum = __dp4a(int(kb[3]), int(q0.w), sum), sum = __dp4a(int(kb[4]), int(q1.x), sum);
+      sum = __dp4a(int(kb[5]), int(q1.y), sum), sum = __dp4a(int(kb[6]), int(q1.z), sum);
+      sum = __dp4a(int(kb[7]), int(q1.w), sum);
       dot += double(sum) * pow2(q_exp[h * blocks + b] + k_exp[b] - 2);
     }
     const float d = round_bf16(float(dot));
@@ -140,21 +148,25 @@ __global__ void __launch_bounds__(kSelectThreads)
   __shared__ int64_t remaining_s;
   __shared__ uint64_t sel[kMaxTopK];
   __shared__ int n_sel_s;
+  __shared__ int64_t bucket_s;
   const int64_t t = blockIdx.x;
   const int64_t visible = (p0 + t + 1) / ratio < n_keys ? (p0 + t + 1) / ratio : n_keys;
   const int64_t n_sel = visible < k ? visible : k;
   const float* st = score + t * n_keys;
 
   // The k-th largest key, one 8-bit digit at a time from the top (skipped when all are taken).
+  // Once the keys sharing the prefix fit in `sel`, they are gathered there and the later digits
+  // read only them; once they are exactly the ones still wanted, the prefix is the threshold.
   uint64_t threshold = 0;
   if (visible > k) {
     uint64_t prefix = 0, mask = 0;
-    int64_t remaining = k;
+    int64_t remaining = k, n_cand = -1;  // n_cand ≥ 0: the candidates are sel[0, n_cand)
     for (int shift = 56; shift >= 0; shift -= 8) {
       for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
       __syncthreads();
-      for (int64_t w = threadIdx.x; w < visible; w += blockDim.x) {
-        const uint64_t key = select_key(st[w], w);
+      const int64_t n_scan = n_cand >= 0 ? n_cand : visible;
+      for (int64_t i = threadIdx.x; i < n_scan; i += blockDim.x) {
+        const uint64_t key = n_cand >= 0 ? sel[i] : select_key(st[i], i);
         if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 0xff], 1u);
       }
       __syncthreads();
@@ -167,11 +179,23 @@ __global__ void __launch_bounds__(kSelectThreads)
         }
         prefix_s = prefix | (uint64_t(digit) << shift);
         remaining_s = remaining - above;
+        bucket_s = hist[digit];
       }
       __syncthreads();
       prefix = prefix_s;
       remaining = remaining_s;
       mask |= uint64_t(0xff) << shift;
+      if (bucket_s == remaining) break;  // every key with this prefix is taken
+      if (n_cand < 0 && bucket_s <= kMaxTopK) {
+        if (threadIdx.x == 0) n_sel_s = 0;
+        __syncthreads();
+        for (int64_t w = threadIdx.x; w < visible; w += blockDim.x) {
+          const uint64_t key = select_key(st[w], w);
+          if ((key & mask) == prefix) sel[atomicAdd(&n_sel_s, 1)] = key;
+        }
+        __syncthreads();
+        n_cand = n_sel_s;
+      }
     }
     threshold = prefix;
   }

@@ -93,6 +93,8 @@ TEST(CudaTwin, Attention) {
       {2, 2, 512, 4000, 128, 1000, 4, 512}, // V4-Flash head size and top-k
       {2, 2, 512, 4000, 128, 1000, 4, 512, 448},  // the same over compact rows
       {9, 4, 72, 1000, 128, 7, 128, 0, 40},       // HCA over compact rows, a partial FP8 block
+      {2, 3, 512, 12000, 128, 3000, 4, 0, 448},   // thousands of rows: the split kernels, compact
+      {3, 2, 72, 10000, 128, 2500, 4},            // the split kernels over fp32 rows
   };
   for (const AttnCase& c : cases) {
     const std::string name = "attention T" + std::to_string(c.T) + " H" + std::to_string(c.H) + " hd" +
