@@ -334,7 +334,7 @@ void CudaBackend::attention(const float* q, int64_t T, int64_t H, int64_t hd, in
   const AttnArgs args{q, H, hd, p0, swa, comp, static_cast<const float*>(upload(sinks, size_t(H) * sizeof(float))),
                       softmax_scale, n_max, deepseek(), out};
   const bool fp8_rows = comp.format.kind == RowFormat::fp8_bf16;
-  if (!comp.idx && slices >= 8 && T * H * slices <= (int64_t(1) << 16)) {  // few queries, many rows
+  if (!comp.idx && slices >= 4 && T * H * slices <= (int64_t(1) << 16)) {  // few queries, many rows
     DeviceArray<float> logits(stream_, size_t(T * H * n_max));
     DeviceArray<double> den(stream_, size_t(T * H * slices)), partial(stream_, size_t(T * H * slices * hd));
     const SplitArgs split{args, slices, logits.get(), den.get(), partial.get()};

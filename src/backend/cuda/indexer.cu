@@ -62,7 +62,8 @@ __global__ void indexer_scores_kernel(const float* q, const float* wts, int64_t 
 }
 
 constexpr int kFp4KeysPerBlock = 256;
-constexpr int kFp4MaxWords = kMaxKeyDim / 4;  // a key as int8 words (4 codes each)
+constexpr int kFp4MaxDim = 128;               // V4's index_head_dim; wider keys take the general path
+constexpr int kFp4MaxWords = kFp4MaxDim / 4;  // a key as int8 words (4 codes each)
 
 // The 2·e2m1 integers of 8 nibbles (one 32-bit word of codes) as two words of four int8.
 __device__ inline void fp4_to_int8x8(uint32_t nibbles, uint32_t& lo, uint32_t& hi) {
@@ -102,19 +103,19 @@ __global__ void __launch_bounds__(kFp4KeysPerBlock)
   if (w >= visible) return;
   const uint8_t* key = reinterpret_cast<const uint8_t*>(keys + w * f.stride);
   uint32_t k_words[kFp4MaxWords];
-  int k_exp[kMaxKeyDim / RowFormat::kFp4Block];
+  int k_exp[kFp4MaxDim / RowFormat::kFp4Block];
 #pragma unroll
   for (int j = 0; j < kFp4MaxWords / 2; ++j)
     if (j < words / 2) fp4_to_int8x8(*reinterpret_cast<const uint32_t*>(key + 4 * j), k_words[2 * j], k_words[2 * j + 1]);
 #pragma unroll
-  for (int b = 0; b < kMaxKeyDim / RowFormat::kFp4Block; ++b)
+  for (int b = 0; b < kFp4MaxDim / RowFormat::kFp4Block; ++b)
     if (b < blocks) k_exp[b] = int(key[f.scale_offset() + b]) - 127;
   double acc = 0.0;
   for (int64_t h = 0; h < heads; ++h) {
     const uint32_t* qh = q_words + h * words;
     double dot = 0.0;
 #pragma unroll
-    for (int b = 0; b < kMaxKeyDim / RowFormat::kFp4Block; ++b) {
+    for (int b = 0; b < kFp4MaxDim / RowFormat::kFp4Block; ++b) {
       if (b >= blocks) break;
       // The block's 8 query words in two 16-byte shared-memory loads (rows of words are 16-byte
       // aligned: words is a multiple of 8).
@@ -167,7 +168,11 @@ __global__ void __launch_bounds__(kSelectThreads)
       const int64_t n_scan = n_cand >= 0 ? n_cand : visible;
       for (int64_t i = threadIdx.x; i < n_scan; i += blockDim.x) {
         const uint64_t key = n_cand >= 0 ? sel[i] : select_key(st[i], i);
-        if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 0xff], 1u);
+        // Most scores share their top digits: one atomic per group of lanes with equal digits
+        // (a shared-memory atomic per lane on one address serialises the whole warp).
+        const unsigned digit = (key & mask) == prefix ? unsigned(key >> shift) & 0xff : 0x100;
+        const unsigned peers = __match_any_sync(__activemask(), digit);
+        if (digit < 0x100 && __ffs(peers) - 1 == int(threadIdx.x % 32)) atomicAdd(&hist[digit], unsigned(__popc(peers)));
       }
       __syncthreads();
       if (threadIdx.x == 0) {
@@ -250,7 +255,8 @@ void CudaBackend::indexer_select(const float* q, const float* wts, int64_t T, in
     return;
   }
   // Compact keys in deepseek numerics: the exact integer path, on q packed like the keys.
-  const bool fp4_path = deepseek() && key_format.kind == RowFormat::fp4 && dim % RowFormat::kFp4Block == 0;
+  const bool fp4_path =
+      deepseek() && key_format.kind == RowFormat::fp4 && dim % RowFormat::kFp4Block == 0 && dim <= kFp4MaxDim;
   DeviceArray<float> q_packed(stream_, fp4_path ? size_t(T * heads * key_format.stride) : 0);
   const size_t fp4_smem = size_t(heads) * size_t(dim / 4 + dim / RowFormat::kFp4Block) * sizeof(uint32_t);
   if (fp4_path) {
