@@ -4,6 +4,9 @@
 //
 // Buffers come from cudaMallocAsync on the backend's stream: the engine allocates a few buffers
 // per op, and the pool makes that cheap and keeps frees ordered after the kernels that use them.
+// The pool keeps what it has grown to (release threshold: unlimited): by default it hands freed
+// memory back to the driver at every synchronisation, so each decode step (which synchronises
+// to read its logits) paid for mapping its buffers afresh.
 #include <cmath>
 
 #include "backend/cuda/cuda.h"
@@ -33,6 +36,12 @@ __global__ void pack_rows_kernel(RowFormat f, const float* rows, int64_t n, floa
 CudaBackend::CudaBackend(Numerics numerics) : Backend(numerics) {
   if (cuda_device_count() == 0) fail_unsupported("no CUDA device is available");
   DSV4_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  int device = 0;
+  cudaMemPool_t pool = nullptr;
+  uint64_t keep_all = UINT64_MAX;
+  DSV4_CUDA_CHECK(cudaGetDevice(&device));
+  DSV4_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+  DSV4_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all));
   DSV4_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pack_inexact_), sizeof(int), cudaHostAllocMapped));
   *pack_inexact_ = 0;
   profile_ = profile_requested();
@@ -54,10 +63,18 @@ CudaBackend::~CudaBackend() {
   cudaStreamDestroy(stream_);
 }
 
+// The driver's free memory plus what the pool holds unused (it keeps freed buffers for reuse).
 size_t CudaBackend::device_memory_free() const {
   size_t free = 0, total = 0;
   DSV4_CUDA_CHECK(cudaMemGetInfo(&free, &total));
-  return free;
+  int device = 0;
+  cudaMemPool_t pool = nullptr;
+  uint64_t reserved = 0, used = 0;
+  DSV4_CUDA_CHECK(cudaGetDevice(&device));
+  DSV4_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+  DSV4_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved));
+  DSV4_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
+  return free + size_t(reserved - used);
 }
 
 float* CudaBackend::alloc(size_t n) {
