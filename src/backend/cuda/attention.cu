@@ -179,24 +179,26 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a) {
   }
 }
 
-// ---- split over rows: few queries over many rows (decode with HCA at long context) -----------
-// One block per (query, head) leaves most of the GPU idle and waits on memory when a query reads
-// thousands of rows. The same exact two-pass softmax then runs in three kernels over slices of
-// kSplitRows rows, grid (query, head, slice): the logits; the max over all of them (every slice
-// block takes it itself), the slice's exponentials, its share of the denominator and of P·V;
-// and the sum of the slices in slice order. Only the contiguous rows of HCA take this path
-// (CSA attends the window and its top-k: a few hundred rows).
-constexpr int kSplitRows = 256;
+// ---- split over rows: few queries (decode) ------------------------------------------------------
+// One block per (query, head) leaves most of the GPU idle and waits on memory row after row. With
+// few queries the same exact two-pass softmax runs in three kernels over slices of kSplitRows
+// rows, grid (query, head, slice): the logits and each slice's max; the global max (over the
+// slice maxima), the slice's exponentials, its share of the denominator and of P·V; and the sum
+// of the slices in slice order. A selection's −1 entries stay in place as rows that are skipped
+// (logit −∞, no share of P·V).
+constexpr int kSplitRows = 64;
 
 struct SplitArgs {
   AttnArgs a;
   int64_t slices;
-  float* logits;    // [T, H, n_max]
-  double* den;      // [T, H, slices]
-  double* partial;  // [T, H, slices, hd]
+  float* logits;     // [T, H, n_max]
+  float* slice_max;  // [T, H, slices]
+  double* den;       // [T, H, slices]
+  double* partial;   // [T, H, slices, hd]
 };
 
-// The rows query t sees, in order: window rows, then the visible compressed rows.
+// The rows query t attends, in order: window rows, then compressed rows (the visible ones, or
+// the indexer's selection with its invalid entries).
 struct QueryRows {
   int64_t lo, n_win, n;
   __device__ QueryRows(const AttnArgs& a, int64_t t) {
@@ -204,28 +206,61 @@ struct QueryRows {
     lo = pos - a.swa.window + 1 > 0 ? pos - a.swa.window + 1 : 0;
     n_win = pos - lo + 1;
     const int64_t visible = a.comp.ratio > 0 ? (pos + 1) / a.comp.ratio : 0;
-    n = n_win + (visible < a.comp.n ? visible : a.comp.n);
+    n = n_win + (a.comp.idx ? a.comp.k : (visible < a.comp.n ? visible : a.comp.n));
+  }
+  // Compressed row of entry j ≥ n_win, or −1 for none.
+  __device__ int64_t compressed(const AttnArgs& a, int64_t t, int64_t j) const {
+    if (!a.comp.idx) return j - n_win;
+    const int32_t w = a.comp.idx[t * a.comp.k + j - n_win];
+    return w >= 0 && w < a.comp.n ? w : -1;
   }
 };
+
+// Slice s of the rows: [begin, end).
+__device__ inline void slice_range(const QueryRows& rows, int64_t s, int64_t& begin, int64_t& end) {
+  begin = s * kSplitRows;
+  end = begin + kSplitRows < rows.n ? begin + kSplitRows : rows.n;
+}
 
 template <RowFormat::Kind K>
 __global__ void __launch_bounds__(kAttnThreads) split_logits_kernel(SplitArgs s) {
   __shared__ float qs[kMaxHeadDim];
+  __shared__ float fscratch[32];
   const AttnArgs& a = s.a;
-  const int64_t t = blockIdx.x, h = blockIdx.y, hd = a.hd;
+  const int64_t t = blockIdx.x, h = blockIdx.y, hd = a.hd, at = (t * a.H + h) * s.slices + blockIdx.z;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const QueryRows rows(a, t);
   for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = a.q[(t * a.H + h) * hd + d];
   __syncthreads();
   const RowFormat window_format = RowFormat::plain(int32_t(hd));
-  const int64_t end = (blockIdx.z + 1) * kSplitRows < rows.n ? (blockIdx.z + 1) * kSplitRows : rows.n;
-  for (int64_t j = blockIdx.z * kSplitRows + warp; j < end; j += kAttnWarps) {
+  int64_t begin, end;
+  slice_range(rows, blockIdx.z, begin, end);
+  float* logits = s.logits + (t * a.H + h) * a.n_max;
+  float mx = -INFINITY;
+  for (int64_t j = begin + warp; j < end; j += kAttnWarps) {
+    const int64_t w = j < rows.n_win ? 0 : rows.compressed(a, t, j);
+    if (w < 0) {  // an empty selection entry (uniform over the warp)
+      if (lane == 0) logits[j] = -INFINITY;
+      continue;
+    }
     double acc = j < rows.n_win
                      ? dot_part<RowFormat::f32>(window_format, a.swa.kv + (rows.lo + j - a.swa.first_pos) * hd, qs, hd, lane)
-                     : dot_part<K>(a.comp.format, a.comp.kv + (j - rows.n_win) * a.comp.format.stride, qs, hd, lane);
+                     : dot_part<K>(a.comp.format, a.comp.kv + w * a.comp.format.stride, qs, hd, lane);
     acc = warp_sum(acc);
-    if (lane == 0) s.logits[(t * a.H + h) * a.n_max + j] = float(acc) * a.softmax_scale;
+    const float l = float(acc) * a.softmax_scale;
+    if (lane == 0) logits[j] = l;
+    mx = fmaxf(mx, l);
   }
+  mx = block_max(mx, fscratch);
+  if (threadIdx.x == 0) s.slice_max[at] = mx;
+}
+
+// The max of query t, head h over every slice (fmax: exact in any order).
+__device__ inline float global_max(const SplitArgs& s, const QueryRows& rows, int64_t t, int64_t h, float* scratch) {
+  const int64_t used = (rows.n + kSplitRows - 1) / kSplitRows, base = (t * s.a.H + h) * s.slices;
+  float mx = -INFINITY;
+  for (int64_t sl = threadIdx.x; sl < used; sl += blockDim.x) mx = fmaxf(mx, s.slice_max[base + sl]);
+  return block_max(mx, scratch);
 }
 
 template <RowFormat::Kind K>
@@ -234,25 +269,26 @@ __global__ void __launch_bounds__(kAttnThreads) split_values_kernel(SplitArgs s)
   __shared__ float fscratch[32];
   __shared__ double dscratch[32];
   const AttnArgs& a = s.a;
-  const int64_t t = blockIdx.x, h = blockIdx.y, hd = a.hd, slice = blockIdx.z;
+  const int64_t t = blockIdx.x, h = blockIdx.y, hd = a.hd, at = (t * a.H + h) * s.slices + blockIdx.z;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const QueryRows rows(a, t);
   const float* logits = s.logits + (t * a.H + h) * a.n_max;
-  float mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j < rows.n; j += blockDim.x) mx = fmaxf(mx, logits[j]);
-  mx = block_max(mx, fscratch);
-  const int64_t begin = slice * kSplitRows, end = begin + kSplitRows < rows.n ? begin + kSplitRows : rows.n;
+  const float mx = global_max(s, rows, t, h, fscratch);
+  int64_t begin, end;
+  slice_range(rows, blockIdx.z, begin, end);
   double den = 0.0;
   for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) den += exp_f(logits[j] - mx);
   den = block_sum(den, dscratch);
   const RowFormat window_format = RowFormat::plain(int32_t(hd));
   double acc[4 * kGroups] = {};
   for (int64_t j = begin + warp; j < end; j += kAttnWarps) {
+    const int64_t w = j < rows.n_win ? 0 : rows.compressed(a, t, j);
+    if (w < 0) continue;
     const double pj = round_if(a.bf16, exp_f(logits[j] - mx));
     if (j < rows.n_win)
       add_part<RowFormat::f32>(window_format, a.swa.kv + (rows.lo + j - a.swa.first_pos) * hd, pj, hd, lane, acc);
     else
-      add_part<K>(a.comp.format, a.comp.kv + (j - rows.n_win) * a.comp.format.stride, pj, hd, lane, acc);
+      add_part<K>(a.comp.format, a.comp.kv + w * a.comp.format.stride, pj, hd, lane, acc);
   }
 #pragma unroll
   for (int i = 0; i < kGroups; ++i)
@@ -260,7 +296,6 @@ __global__ void __launch_bounds__(kAttnThreads) split_values_kernel(SplitArgs s)
     for (int c = 0; c < 4; ++c)
       if (128 * i + 4 * lane < hd) part[warp * hd + 128 * i + 4 * lane + c] = acc[4 * i + c];
   __syncthreads();
-  const int64_t at = (t * a.H + h) * s.slices + slice;
   for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
     double sum = 0.0;
     for (int w = 0; w < kAttnWarps; ++w) sum += part[w * hd + d];
@@ -274,10 +309,7 @@ __global__ void __launch_bounds__(kAttnThreads) split_combine_kernel(SplitArgs s
   const AttnArgs& a = s.a;
   const int64_t t = blockIdx.x, h = blockIdx.y, hd = a.hd;
   const QueryRows rows(a, t);
-  const float* logits = s.logits + (t * a.H + h) * a.n_max;
-  float mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j < rows.n; j += blockDim.x) mx = fmaxf(mx, logits[j]);
-  mx = block_max(mx, fscratch);
+  const float mx = global_max(s, rows, t, h, fscratch);
   const int64_t used = (rows.n + kSplitRows - 1) / kSplitRows, base = (t * a.H + h) * s.slices;
   double den = 0.0;
   for (int64_t sl = 0; sl < used; ++sl) den += s.den[base + sl];
@@ -334,10 +366,10 @@ void CudaBackend::attention(const float* q, int64_t T, int64_t H, int64_t hd, in
   const AttnArgs args{q, H, hd, p0, swa, comp, static_cast<const float*>(upload(sinks, size_t(H) * sizeof(float))),
                       softmax_scale, n_max, deepseek(), out};
   const bool fp8_rows = comp.format.kind == RowFormat::fp8_bf16;
-  if (!comp.idx && slices >= 4 && T * H * slices <= (int64_t(1) << 16)) {  // few queries, many rows
-    DeviceArray<float> logits(stream_, size_t(T * H * n_max));
+  if (slices >= 2 && T * H * slices <= (int64_t(1) << 16)) {  // few queries (decode)
+    DeviceArray<float> logits(stream_, size_t(T * H * n_max)), slice_max(stream_, size_t(T * H * slices));
     DeviceArray<double> den(stream_, size_t(T * H * slices)), partial(stream_, size_t(T * H * slices * hd));
-    const SplitArgs split{args, slices, logits.get(), den.get(), partial.get()};
+    const SplitArgs split{args, slices, logits.get(), slice_max.get(), den.get(), partial.get()};
     const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(H), static_cast<unsigned>(slices));
     const size_t part_bytes = size_t(kAttnWarps * hd) * sizeof(double);
     (fp8_rows ? split_logits_kernel<RowFormat::fp8_bf16> : split_logits_kernel<RowFormat::f32>)

@@ -142,6 +142,21 @@ __device__ inline uint64_t select_key(float score, int64_t w) {
   return (uint64_t(ordered) << 32) | uint64_t(0xffffffffu - uint32_t(w));
 }
 
+// f(score, w) for every w < n, each thread loading 8 scores before using them: one block reads
+// all of a query's scores, and one load in flight per warp left it waiting on memory.
+template <class F>
+__device__ inline void for_each_score(const float* st, int64_t n, F f) {
+  constexpr int kUnroll = 8;
+  for (int64_t base = threadIdx.x; base < n; base += int64_t(blockDim.x) * kUnroll) {
+    float v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u] = base + u * blockDim.x < n ? st[base + u * blockDim.x] : 0.0f;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (base + u * blockDim.x < n) f(v[u], base + u * blockDim.x);
+  }
+}
+
 __global__ void __launch_bounds__(kSelectThreads)
     indexer_topk_kernel(const float* score, int64_t n_keys, int64_t ratio, int64_t p0, int64_t k, int32_t* idx) {
   __shared__ uint32_t hist[256];
@@ -165,15 +180,17 @@ __global__ void __launch_bounds__(kSelectThreads)
     for (int shift = 56; shift >= 0; shift -= 8) {
       for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
       __syncthreads();
-      const int64_t n_scan = n_cand >= 0 ? n_cand : visible;
-      for (int64_t i = threadIdx.x; i < n_scan; i += blockDim.x) {
-        const uint64_t key = n_cand >= 0 ? sel[i] : select_key(st[i], i);
-        // Most scores share their top digits: one atomic per group of lanes with equal digits
-        // (a shared-memory atomic per lane on one address serialises the whole warp).
+      // Most scores share their top digits: one atomic per group of lanes with equal digits (a
+      // shared-memory atomic per lane on one address serialises the whole warp).
+      auto count = [&](uint64_t key) {
         const unsigned digit = (key & mask) == prefix ? unsigned(key >> shift) & 0xff : 0x100;
         const unsigned peers = __match_any_sync(__activemask(), digit);
         if (digit < 0x100 && __ffs(peers) - 1 == int(threadIdx.x % 32)) atomicAdd(&hist[digit], unsigned(__popc(peers)));
-      }
+      };
+      if (n_cand >= 0)
+        for (int64_t i = threadIdx.x; i < n_cand; i += blockDim.x) count(sel[i]);
+      else
+        for_each_score(st, visible, [&](float score, int64_t w) { count(select_key(score, w)); });
       __syncthreads();
       if (threadIdx.x == 0) {
         int64_t above = 0;
@@ -194,10 +211,10 @@ __global__ void __launch_bounds__(kSelectThreads)
       if (n_cand < 0 && bucket_s <= kMaxTopK) {
         if (threadIdx.x == 0) n_sel_s = 0;
         __syncthreads();
-        for (int64_t w = threadIdx.x; w < visible; w += blockDim.x) {
-          const uint64_t key = select_key(st[w], w);
+        for_each_score(st, visible, [&](float score, int64_t w) {
+          const uint64_t key = select_key(score, w);
           if ((key & mask) == prefix) sel[atomicAdd(&n_sel_s, 1)] = key;
-        }
+        });
         __syncthreads();
         n_cand = n_sel_s;
       }
@@ -208,10 +225,10 @@ __global__ void __launch_bounds__(kSelectThreads)
   // Gather the selected keys (exactly n_sel: keys are unique), pad to a power of two, sort.
   if (threadIdx.x == 0) n_sel_s = 0;
   __syncthreads();
-  for (int64_t w = threadIdx.x; w < visible; w += blockDim.x) {
-    const uint64_t key = select_key(st[w], w);
+  for_each_score(st, visible, [&](float score, int64_t w) {
+    const uint64_t key = select_key(score, w);
     if (key >= threshold) sel[atomicAdd(&n_sel_s, 1)] = key;
-  }
+  });
   int64_t size = 1;
   while (size < n_sel) size *= 2;
   __syncthreads();
