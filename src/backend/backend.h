@@ -83,6 +83,8 @@ class Backend {
   virtual void copy(float* dst, const float* src, size_t n_floats) = 0;
   virtual void fill(float* dst, float value, size_t n_floats) = 0;
   virtual void to_host(float* host_dst, const float* src, size_t n_floats) = 0;
+  // Synchronous, like to_host: the caller may free host_src as soon as this returns.
+  virtual void from_host(float* dst, const float* host_src, size_t n_floats) = 0;
   virtual void ids_from_host(int32_t* dst, const int32_t* host_src, size_t n) = 0;
 
   // ---- ops --------------------------------------------------------------------------------------

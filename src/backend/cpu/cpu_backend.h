@@ -20,6 +20,7 @@ class CpuBackend final : public Backend {
   void copy(float* dst, const float* src, size_t n_floats) override;
   void fill(float* dst, float value, size_t n_floats) override;
   void to_host(float* host_dst, const float* src, size_t n_floats) override;
+  void from_host(float* dst, const float* host_src, size_t n_floats) override;
   void ids_from_host(int32_t* dst, const int32_t* host_src, size_t n) override;
   int32_t* alloc_ids(size_t n) override;
   void release_ids(int32_t* p) override;

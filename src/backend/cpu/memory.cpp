@@ -20,6 +20,7 @@ int32_t* CpuBackend::alloc_ids(size_t n) { return static_cast<int32_t*>(aligned(
 void CpuBackend::release_ids(int32_t* p) { std::free(p); }
 void CpuBackend::copy(float* dst, const float* src, size_t n) { std::memmove(dst, src, n * sizeof(float)); }
 void CpuBackend::to_host(float* dst, const float* src, size_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+void CpuBackend::from_host(float* dst, const float* src, size_t n) { std::memcpy(dst, src, n * sizeof(float)); }
 void CpuBackend::ids_from_host(int32_t* dst, const int32_t* src, size_t n) {
   std::memcpy(dst, src, n * sizeof(int32_t));
 }

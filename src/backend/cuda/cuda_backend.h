@@ -3,8 +3,8 @@
 //
 // One .cu per op family, mirroring the CPU file names (gemm, norm, rope, quant, hc, attention,
 // compressor, indexer, moe, memory). All work runs in order on one stream owned by the backend;
-// the host waits only in to_host, ids_from_host (the caller may free its ids), the token-id check
-// of embed, and the first use of an expert table.
+// the host waits only in to_host, from_host and ids_from_host (the caller may free its host
+// copy), the token-id check of embed, and the first use of an expert table.
 //
 // Numerics follow the CPU's canonical arithmetic (cpu/quant.h): every sum accumulates in double
 // and is rounded once, exp/sqrt/rsqrt/sin/cos/sigmoid/silu/softplus are evaluated in double, and
@@ -85,6 +85,7 @@ class CudaBackend final : public Backend {
   void copy(float* dst, const float* src, size_t n_floats) override;
   void fill(float* dst, float value, size_t n_floats) override;
   void to_host(float* host_dst, const float* src, size_t n_floats) override;
+  void from_host(float* dst, const float* host_src, size_t n_floats) override;
   void ids_from_host(int32_t* dst, const int32_t* host_src, size_t n) override;
   int32_t* alloc_ids(size_t n) override;
   void release_ids(int32_t* p) override;

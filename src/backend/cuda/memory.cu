@@ -136,6 +136,13 @@ void CudaBackend::pack_rows(const RowFormat& f, const float* rows, int64_t n, fl
 }
 
 // Synchronous: the caller may free host_src as soon as this returns.
+void CudaBackend::from_host(float* dst, const float* host_src, size_t n) {
+  if (n == 0) return;
+  DSV4_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, n * sizeof(float), cudaMemcpyHostToDevice, stream_));
+  DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+// Synchronous: the caller may free host_src as soon as this returns.
 void CudaBackend::ids_from_host(int32_t* dst, const int32_t* host_src, size_t n) {
   if (n == 0) return;
   DSV4_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
