@@ -95,6 +95,39 @@ Buffer clone(Backend& b, const float* src, size_t n) {
 
 Buffer clone(Backend& b, const Buffer& src) { return clone(b, src.get(), src.size()); }
 
+// A snapshot may come from a file (state_file.h), so everything restore() relies on is checked
+// against this sequence before anything is copied: a refused snapshot leaves the sequence as it was.
+void check_fits(const StateSnapshot& snap, const std::vector<LayerState>& layers, const model::Weights& weights) {
+  if (snap.layers.size() != layers.size())
+    fail(ErrorCode::invalid_input, "snapshot of {} layers, the sequence has {}", snap.layers.size(), layers.size());
+  if (snap.n_past < 0) fail(ErrorCode::invalid_input, "snapshot at position {}", snap.n_past);
+  auto expect_floats = [](size_t il, const char* what, size_t got, size_t want) {
+    if (got != want)
+      fail(ErrorCode::invalid_input, "snapshot layer {}: {} of {} floats, the sequence needs {}", il, what, got, want);
+  };
+  // One compressed row (and indexer key) per `ratio` tokens completed (§4.2).
+  auto expect_rows = [&](size_t il, const char* what, int64_t got, const model::CompressorWeights* cw) {
+    const int64_t want = cw ? snap.n_past / cw->ratio : 0;
+    if (got != want)
+      fail(ErrorCode::invalid_input, "snapshot layer {}: {} {} at position {}, the sequence expects {}", il, got, what,
+           snap.n_past, want);
+  };
+  for (size_t il = 0; il < layers.size(); ++il) {
+    const LayerState& ls = layers[il];
+    const LayerSnapshot& l = snap.layers[il];
+    const model::AttentionWeights& attn = weights.layers[il].attn;
+    expect_floats(il, "ring", l.ring.size(), ls.ring.size());
+    expect_rows(il, "compressed rows", l.n_compressed, attn.compressor ? &*attn.compressor : nullptr);
+    expect_floats(il, "compressed rows", l.compressed.size(), size_t(l.n_compressed * ls.compressed.format().stride));
+    expect_rows(il, "indexer keys", l.n_index_keys, attn.indexer ? &attn.indexer->compressor : nullptr);
+    expect_floats(il, "indexer keys", l.index_keys.size(), size_t(l.n_index_keys * ls.index_keys.format().stride));
+    expect_floats(il, "compressor carry a", l.compressor_a.size(), ls.compressor.a.size());
+    expect_floats(il, "compressor carry s", l.compressor_s.size(), ls.compressor.s.size());
+    expect_floats(il, "indexer compressor carry a", l.index_compressor_a.size(), ls.index_compressor.a.size());
+    expect_floats(il, "indexer compressor carry s", l.index_compressor_s.size(), ls.index_compressor.s.size());
+  }
+}
+
 }  // namespace
 
 void SequenceState::repeat_to(int64_t n_tokens) {
@@ -130,8 +163,7 @@ StateSnapshot SequenceState::snapshot() const {
 }
 
 void SequenceState::restore(const StateSnapshot& snap) {
-  DSV4_CHECK(snap.layers.size() == layers.size(), "snapshot of {} layers, sequence has {}", snap.layers.size(),
-             layers.size());
+  check_fits(snap, layers, weights_);
   n_past = snap.n_past;
   for (size_t il = 0; il < layers.size(); ++il) {
     LayerState& ls = layers[il];

@@ -62,7 +62,8 @@ struct LayerState {
 // A sequence's whole state at one position, kept for prefix reuse (the prefix cache): the ring,
 // the compressed rows and indexer keys so far, and the fp32 compressor carries. The ring and the
 // carries are overwritten as a sequence advances, so they are copied; compressed rows only depend
-// on earlier tokens, so a copy of the rows up to the position is exact.
+// on earlier tokens, so a copy of the rows up to the position is exact. State files
+// (state_file.cpp) list these buffers: one added here goes there too, with the format version raised.
 struct LayerSnapshot {
   Buffer ring;
   Buffer compressed, index_keys;
@@ -90,6 +91,8 @@ class SequenceState {
   // the model's at that context.
   void repeat_to(int64_t n_tokens);
   // Puts the sequence in the snapshot's state (continuing from there gives bit-identical results).
+  // A snapshot that does not fit this sequence (layers, buffer sizes, row counts for its position)
+  // is refused with invalid_input and the sequence is left as it was.
   void restore(const StateSnapshot& snapshot);
   int64_t n_past = 0;  // positions already processed
   std::vector<LayerState> layers;
