@@ -1,13 +1,21 @@
 // dsv4 generate: prefill a prompt of token ids, then decode, reporting prefill and decode speed.
+// With --prompt-cache FILE, the prompt's state is kept on disk and a later prompt that extends it
+// prefills only its new tokens.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
+#include <filesystem>
+#include <functional>
+#include <optional>
 
 #include "cli/common.h"
+#include "core/error.h"
 #include "engine/device.h"
 #include "engine/engine.h"
 #include "engine/memory_plan.h"
 #include "engine/sampler.h"
+#include "engine/state_file.h"
 
 namespace dsv4::cli {
 namespace {
@@ -22,7 +30,59 @@ struct GenerateOptions {
   int64_t chunk = 512;
   engine::SamplingParams sampling;
   bool quiet = false;
+  std::string prompt_cache;
 };
+
+// Restores `file` into `seq` when the tokens it covers are a strict prefix of `prompt` (at least
+// one prompt token must still run: its logits give the first sampled token) and returns how many
+// tokens that reuses; nothing when the file is absent or not a prefix. A file for another model,
+// numerics or state layout, or a damaged one, is an error.
+std::optional<int64_t> restore_prompt_cache(const std::filesystem::path& file,
+                                            const engine::StateFingerprint& fingerprint,
+                                            std::span<const int32_t> prompt, engine::SequenceState& seq,
+                                            Backend& backend) {
+  if (!std::filesystem::exists(file)) {
+    fmt::print(stderr, "prompt cache {}: not there yet, will be written\n", file.string());
+    return std::nullopt;
+  }
+  const engine::SavedState saved = engine::load_state(file, fingerprint, backend);
+  if (saved.tokens.size() >= prompt.size() || !std::equal(saved.tokens.begin(), saved.tokens.end(), prompt.begin())) {
+    fmt::print(stderr,
+               "prompt cache {}: its {} tokens are not a prefix of this prompt's {}; not used, will be overwritten\n",
+               file.string(), saved.tokens.size(), prompt.size());
+    return std::nullopt;
+  }
+  try {
+    seq.restore(saved.snapshot);
+  } catch (const Error& e) {
+    throw e.within(file.string());
+  }
+  return int64_t(saved.tokens.size());
+}
+
+using Prefill = std::function<std::vector<float>(std::span<const int32_t> tokens)>;
+
+// Prefills `prompt` through the prompt cache `file`: resumes from it when it holds a prefix, and
+// saves the state one token before the prompt's end, so that the same prompt again can resume
+// there and still run its last token. Returns the last token's logits; `reused` is set to the
+// prompt tokens taken from the file.
+std::vector<float> prefill_with_prompt_cache(const std::filesystem::path& file,
+                                             const engine::StateFingerprint& fingerprint,
+                                             std::span<const int32_t> prompt, engine::SequenceState& seq,
+                                             Backend& backend, const Prefill& prefill, int64_t& reused) {
+  const size_t n_saved = prompt.size() - 1;
+  const std::optional<int64_t> restored = restore_prompt_cache(file, fingerprint, prompt, seq, backend);
+  reused = restored.value_or(0);
+  fmt::print(stderr, "prompt cache {}: reused {} of {} prompt tokens\n", file.string(), reused, prompt.size());
+  prefill(prompt.subspan(size_t(reused), n_saved - size_t(reused)));
+  if (restored != int64_t(n_saved)) {  // else the file already holds exactly this state
+    const engine::StateSnapshot snapshot = seq.snapshot();
+    engine::save_state(file, fingerprint, prompt.first(n_saved), snapshot, backend);
+    fmt::print(stderr, "prompt cache {}: saved the state after {} tokens ({:.1f} MB)\n", file.string(), n_saved,
+               double(snapshot.bytes) / 1e6);
+  }
+  return prefill(prompt.last(1));
+}
 
 int run_generate(const GenerateOptions& o) {
   const std::vector<int32_t> prompt = parse_token_list(o.prompt_ids);
@@ -41,15 +101,26 @@ int run_generate(const GenerateOptions& o) {
   engine::SequenceState seq = eng.new_sequence();
   engine::Sampler sampler(o.sampling);
 
-  auto t0 = std::chrono::steady_clock::now();
-  std::vector<float> logits = eng.prefill(seq, prompt, o.chunk, false, [&](int64_t done, int64_t total) {
-    if (total > o.chunk) fmt::print(stderr, "\rprefill {}/{} tokens", done, total);
-    if (total > o.chunk && done == total) fmt::print(stderr, "\n");
-  });
-  const double prefill_s = seconds_since(t0);
+  double prefill_s = 0;
+  const Prefill prefill = [&](std::span<const int32_t> tokens) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<float> logits = eng.prefill(seq, tokens, o.chunk, false, [&](int64_t done, int64_t total) {
+      if (total > o.chunk) fmt::print(stderr, "\rprefill {}/{} tokens", done, total);
+      if (total > o.chunk && done == total) fmt::print(stderr, "\n");
+    });
+    prefill_s += seconds_since(t0);
+    return logits;
+  };
+  int64_t reused = 0;
+  std::vector<float> logits =
+      o.prompt_cache.empty()
+          ? prefill(prompt)
+          : prefill_with_prompt_cache(o.prompt_cache,
+                                      engine::state_fingerprint(c, model->weights(), numerics, eng.state_layout()), prompt,
+                                      seq, eng.backend(), prefill, reused);
 
   std::vector<int32_t> out;
-  t0 = std::chrono::steady_clock::now();
+  const auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < o.max_tokens; ++i) {
     const int32_t next = sampler.sample(logits);
     out.push_back(next);
@@ -60,8 +131,9 @@ int run_generate(const GenerateOptions& o) {
   const double decode_s = seconds_since(t0);
   if (!o.quiet) fmt::print("\n"), std::fflush(stdout);
   const double decode_steps = double(std::max<size_t>(out.size(), 1) - 1);
-  fmt::print(stderr, "prefill: {} tokens in {:.3f} s ({:.1f} tok/s)\n", prompt.size(), prefill_s,
-             double(prompt.size()) / prefill_s);
+  const int64_t n_prefilled = int64_t(prompt.size()) - reused;
+  fmt::print(stderr, "prefill: {} tokens in {:.3f} s ({:.1f} tok/s)\n", n_prefilled, prefill_s,
+             double(n_prefilled) / prefill_s);
   fmt::print(stderr, "decode:  {} tokens in {:.3f} s ({:.1f} tok/s)\n", out.size(), decode_s,
              decode_steps > 0 ? decode_steps / decode_s : 0.0);
   return 0;
@@ -82,6 +154,8 @@ const bool registered = register_command({"generate", "Generate tokens from a pr
       app.add_option("--device", o->device, "cpu | cuda")->capture_default_str();
       app.add_option("--chunk", o->chunk, "prefill chunk size in tokens")->capture_default_str();
       app.add_flag("--quiet", o->quiet, "print only the timing");
+      app.add_option("--prompt-cache", o->prompt_cache,
+                     "state file: resume from it when it holds a prefix of the prompt, then save the prompt's state to it");
       return [o] { return run_generate(*o); };
     }});
 

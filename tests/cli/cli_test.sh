@@ -33,6 +33,23 @@ expect bench 0 "context  prefill t/s" -- "$dsv4" bench --model "$model" --prompt
 expect bench_json_lines 0 "" -- test "$(grep -c '"phase":' "$tmp/b.jsonl")" -eq 2
 expect bench_needs_one_model 2 "exactly one of --model" -- "$dsv4" bench --model "$model" --synthetic v4-flash
 
+# --prompt-cache: a repeated prompt resumes one token before its end and decodes the same tokens as
+# a run without the cache; a longer prompt resumes there too; a prompt that does not extend the
+# file ignores it; a file for other numerics, or not a state file, is refused naming the file.
+cache=$tmp/prompt.state
+# cached OUT ARGS...: generate with the cache, the tokens to $tmp/OUT (stderr for expect to match)
+cached() { local out=$1; shift; "$dsv4" generate --model "$model" --max-tokens 6 --prompt-cache "$cache" "$@" > "$tmp/$out"; }
+"$dsv4" generate --model "$model" --max-tokens 6 --prompt-ids "3,1,4,1,5,9" > "$tmp/uncached.out" 2>/dev/null
+expect prompt_cache_first 0 "reused 0 of 6 prompt tokens" -- cached first.out --prompt-ids 3,1,4,1,5,9
+expect prompt_cache_repeat 0 "reused 5 of 6 prompt tokens" -- cached repeat.out --prompt-ids 3,1,4,1,5,9
+expect prompt_cache_same_output 0 "" -- cmp "$tmp/uncached.out" "$tmp/first.out"
+expect prompt_cache_same_output_resumed 0 "" -- cmp "$tmp/uncached.out" "$tmp/repeat.out"
+expect prompt_cache_longer 0 "reused 5 of 8 prompt tokens" -- cached longer.out --prompt-ids 3,1,4,1,5,9,2,6
+expect prompt_cache_not_prefix 0 "its 7 tokens are not a prefix of this prompt's 4; not used" -- cached other.out --prompt-ids 2,7,1,8
+expect prompt_cache_other_numerics 2 "$cache: saved for another model, numerics or state layout: numerics deepseek in the file, plain here; state layout compact in the file, f32 here" -- cached x.out --prompt-ids 2,7,1,8 --numerics plain
+echo "not a state" > "$cache"
+expect prompt_cache_not_state_file 2 "$cache: not a dsv4 state file" -- cached x.out --prompt-ids 2,7,1,8
+
 expect missing_folder 3 "not a checkpoint folder" -- "$dsv4" inspect --model "$tmp/nope"
 expect token_out_of_vocab 2 "token 300 at position 1: outside the vocabulary" -- "$dsv4" generate --model "$model" --prompt-ids "1, 300"
 expect bad_token_list 2 "'x7' is not a token id" -- "$dsv4" generate --model "$model" --prompt-ids "1, x7"
