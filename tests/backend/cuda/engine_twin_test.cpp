@@ -1,10 +1,12 @@
 // The engine end to end on the CUDA backend: logits on the committed fixtures against the oracle
 // references (the thresholds of tests/engine/oracle_test.cpp) and against the CPU engine (ideally
-// bit for bit), and chunked prefill / decode on the GPU against one pass.
+// bit for bit), chunked prefill / decode on the GPU against one pass, and state files moved
+// between the GPU and the CPU.
 #include <cstdio>
 #include <filesystem>
 
 #include "engine/engine.h"
+#include "engine/state_file.h"
 #include "../../engine/fixtures.h"
 #include "twin.h"
 
@@ -122,6 +124,35 @@ TEST(CudaEngineState, ChunkedPrefillAndDecodeMatchOnePass) {
       EXPECT_EQ(identical(again, one_shot), int64_t(one_shot.size())) << to_string(numerics) << " after reset";
     }
   }
+}
+
+// A state saved from the GPU (to_host) and loaded back onto the GPU (from_host) or onto the CPU
+// continues bit-identically to the GPU sequence that never stopped.
+TEST(CudaEngineState, StateFileMovesBetweenTheGpuAndTheCpu) {
+  DSV4_REQUIRE_GPU();
+  auto model = Model::load(fixture_model("tiny-flash"));
+  const std::vector<int32_t> all = read_tokens(fixture_logits("tiny-flash") + "/tokens.json");
+  const int64_t at = 262, rest = 150;  // inside a ratio-4 and a ratio-128 window, past the ring
+  const std::span<const int32_t> prefix(all.data(), size_t(at)), next(all.data() + at, size_t(rest));
+  const std::filesystem::path path = std::filesystem::path(testing::TempDir()) / "cuda_state_file_test.bin";
+  const engine::StateFingerprint fingerprint =
+      engine::state_fingerprint(model->config(), model->weights(), Numerics::deepseek, StateLayout::compact);
+
+  Engine gpu(*model, make_cuda_backend(Numerics::deepseek));
+  SequenceState original = gpu.new_sequence();
+  gpu.forward(original, prefix, false);
+  engine::save_state(path, fingerprint, prefix, original.snapshot(), gpu.backend());
+  const std::vector<float> want = gpu.forward(original, next, true);
+
+  Engine cpu(*model, make_cpu_backend(Numerics::deepseek));
+  for (Engine* eng : {&gpu, &cpu}) {
+    SequenceState resumed = eng->new_sequence();
+    resumed.restore(engine::load_state(path, fingerprint, eng->backend()).snapshot);
+    const std::vector<float> got = eng->forward(resumed, next, true);
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(identical(got, want), int64_t(want.size())) << "loaded on " << eng->backend().name();
+  }
+  std::filesystem::remove(path);
 }
 
 }  // namespace dsv4::test
