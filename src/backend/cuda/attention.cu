@@ -11,7 +11,9 @@
 // row kind, and a lane reads groups of 4 dims (one 4-byte load of e4m3 codes, or 16 bytes of
 // floats from the window).
 //
-// Parallelisation: one block of 256 threads per (query, head). The query and the logits of every
+// Parallelisation, many queries (prefill): one block of 256 threads per (query, head). (Few
+// queries, i.e. decode, take the split kernels further down: the same softmax over slices of
+// rows, so the whole GPU works on one token.) The query and the logits of every
 // row it attends live in shared memory (so the row count is bounded by shared memory: ~50K rows
 // on Hopper). Phase 1 lists the compressed rows (a warp compacts the indexer's selection with
 // ballots, keeping its order); phase 2 has one warp per row for the dot product (double, shuffle
