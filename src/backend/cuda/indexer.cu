@@ -14,12 +14,17 @@
 //     and the few block terms, exact doubles, add to the same correctly rounded float as the
 //     double path. q is packed into the keys' format first; one thread per key, the query's
 //     codes in shared memory (every thread reads the same word: a broadcast).
-//   top-k: one block per query. Each candidate becomes a unique 64-bit key (order-preserving
-//     score bits above the inverted row index), so "higher score, then lower row" is plain key
-//     order. A radix select (eight 8-bit digit passes, histograms in shared memory) finds the
-//     k-th largest key (once the keys still in play fit in shared memory they are gathered there,
-//     and later passes skip the scores; once they are exactly the ones still wanted, it stops);
-//     the k keys at or above it are gathered and bitonic-sorted in shared memory.
+//   top-k: each candidate becomes a unique 64-bit key (order-preserving score bits above the
+//     inverted row index), so "higher score, then lower row" is plain key order. A radix select
+//     (eight 8-bit digit passes, histograms in shared memory, each pass's digit found by one warp's
+//     scan) finds the k-th largest key (once the keys still in play fit in shared memory they are
+//     gathered there, and later passes read only them; once they are exactly the ones still wanted,
+//     it stops); the k keys at or above it are gathered and bitonic-sorted in shared memory.
+//     Many queries (prefill) take one block per query over the scores. A few queries (decode)
+//     would leave all but a few SMs idle, so their keys are split into parts of 8 192: a block per
+//     (part, query) keys its part into shared memory and selects its top k, and one block per query
+//     selects again from the parts' survivors, which hold the query's top k. The same select body
+//     runs in all three kernels, over keys from scores or keys already made.
 //   Queries are processed in chunks so the score scratch stays bounded at long contexts.
 #include <algorithm>
 
@@ -33,8 +38,14 @@ namespace {
 constexpr int kScoreWarps = 8;
 constexpr int kSelectThreads = 1024;
 constexpr int64_t kMaxTopK = 4096;             // bitonic buffer (32 KiB of keys)
+constexpr int64_t kPartKeys = 8192;            // split top-k: a part's keys in shared memory (64 KiB)
 constexpr int64_t kScoreScratch = int64_t(1) << 26;  // floats of scores per chunk (256 MiB)
 constexpr int kMaxKeyDim = 256;                        // a key's dims in registers: 8 per lane
+
+// Query t of a chunk starting at position p0 sees the rows w < ⌊(p0 + t + 1) / ratio⌋ that exist.
+__device__ inline int64_t visible_keys(int64_t t, int64_t p0, int64_t ratio, int64_t n_keys) {
+  return (p0 + t + 1) / ratio < n_keys ? (p0 + t + 1) / ratio : n_keys;
+}
 
 __global__ void indexer_scores_kernel(const float* q, const float* wts, int64_t heads, int64_t dim,
                                       const float* keys, RowFormat key_format, int64_t n_keys, int64_t ratio,
@@ -42,7 +53,7 @@ __global__ void indexer_scores_kernel(const float* q, const float* wts, int64_t 
   const int64_t t = blockIdx.x;
   const int64_t w = int64_t(blockIdx.y) * kScoreWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const int64_t visible = (p0 + t + 1) / ratio < n_keys ? (p0 + t + 1) / ratio : n_keys;
+  const int64_t visible = visible_keys(t, p0, ratio, n_keys);
   if (w >= visible) return;
   float key[kMaxKeyDim / 32];
 #pragma unroll
@@ -99,7 +110,7 @@ __global__ void __launch_bounds__(kFp4KeysPerBlock)
   }
   __syncthreads();
   const int64_t w = int64_t(blockIdx.y) * kFp4KeysPerBlock + threadIdx.x;
-  const int64_t visible = (p0 + t + 1) / ratio < n_keys ? (p0 + t + 1) / ratio : n_keys;
+  const int64_t visible = visible_keys(t, p0, ratio, n_keys);
   if (w >= visible) return;
   const uint8_t* key = reinterpret_cast<const uint8_t*>(keys + w * f.stride);
   uint32_t k_words[kFp4MaxWords];
@@ -142,39 +153,82 @@ __device__ inline uint64_t select_key(float score, int64_t w) {
   return (uint64_t(ordered) << 32) | uint64_t(0xffffffffu - uint32_t(w));
 }
 
-// f(score, w) for every w < n, each thread loading 8 scores before using them: one block reads
+// f(a[i], i) for every i < n, each thread loading 8 elements before using them: one block reads
 // all of a query's scores, and one load in flight per warp left it waiting on memory.
-template <class F>
-__device__ inline void for_each_score(const float* st, int64_t n, F f) {
+template <class T, class F>
+__device__ inline void for_each_element(const T* a, int64_t n, F f) {
   constexpr int kUnroll = 8;
   for (int64_t base = threadIdx.x; base < n; base += int64_t(blockDim.x) * kUnroll) {
-    float v[kUnroll];
+    T v[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) v[u] = base + u * blockDim.x < n ? st[base + u * blockDim.x] : 0.0f;
+    for (int u = 0; u < kUnroll; ++u) v[u] = base + u * blockDim.x < n ? a[base + u * blockDim.x] : T{};
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
       if (base + u * blockDim.x < n) f(v[u], base + u * blockDim.x);
   }
 }
 
-__global__ void __launch_bounds__(kSelectThreads)
-    indexer_topk_kernel(const float* score, int64_t n_keys, int64_t ratio, int64_t p0, int64_t k, int32_t* idx) {
+// Where a selection reads its candidates: for_each(f) calls f(key) for each, spread over the block.
+// A query's scores, keyed on the fly (the one-block path reads them from global memory).
+struct ScoreKeys {
+  const float* score;
+  int64_t n;
+  template <class F>
+  __device__ void for_each(F f) const {
+    for_each_element(score, n, [&](float s, int64_t w) { f(select_key(s, w)); });
+  }
+};
+
+// Keys already made: a part's in shared memory, the parts' survivors, the candidates gathered so far.
+struct StoredKeys {
+  const uint64_t* key;
+  int64_t n;
+  template <class F>
+  __device__ void for_each(F f) const {
+    for_each_element(key, n, [&](uint64_t stored, int64_t) { f(stored); });
+  }
+};
+
+// The digit holding the `remaining`-th largest key of a histogram over digits, and how many keys
+// lie in higher digits, for every lane of the one warp that calls it. Each lane sums 8 digits from
+// the top and a scan over the lanes finds the one that reaches `remaining`: a serial walk down the
+// 256 counts cost one thread a few microseconds per digit pass. Digit 0 when no lane reaches it,
+// where the walk would end.
+__device__ inline void find_digit(const uint32_t* hist, int64_t remaining, int& digit, int64_t& above) {
+  const int lane = threadIdx.x % 32;
+  const int top = 255 - 8 * lane;  // this lane's digits: top, top − 1, …, top − 7
+  uint32_t own = 0;
+  for (int j = 0; j < 8; ++j) own += hist[top - j];
+  uint32_t through = own;  // keys in the digits of lanes 0 … lane
+  for (int offset = 1; offset < 32; offset *= 2) {
+    const uint32_t lower = __shfl_up_sync(kFullMask, through, offset);
+    if (lane >= offset) through += lower;
+  }
+  const unsigned reached = __ballot_sync(kFullMask, int64_t(through) >= remaining);
+  const int owner = reached ? __ffs(reached) - 1 : 31;
+  int64_t before = __shfl_sync(kFullMask, through - own, owner);
+  int d = 255 - 8 * owner;
+  for (; d > 248 - 8 * owner; --d) {
+    if (before + hist[d] >= remaining) break;
+    before += hist[d];
+  }
+  digit = d;
+  above = before;
+}
+
+// Gathers into `sel` (shared memory, kMaxTopK keys), unordered, the min(k, n_real) largest of
+// `keys`, and returns how many. n_real counts the real keys; the others are 0, below every real
+// key, and never gathered. Radix select: the k-th largest key, one 8-bit digit at a time from the
+// top. Once the keys sharing the prefix fit in `sel`, they are gathered there and the later digits
+// read only them; once they are exactly the ones still wanted, the prefix is the threshold.
+template <class Keys>
+__device__ int gather_top(const Keys& keys, int64_t n_real, int64_t k, uint64_t* sel) {
   __shared__ uint32_t hist[256];
   __shared__ uint64_t prefix_s;
-  __shared__ int64_t remaining_s;
-  __shared__ uint64_t sel[kMaxTopK];
-  __shared__ int n_sel_s;
-  __shared__ int64_t bucket_s;
-  const int64_t t = blockIdx.x;
-  const int64_t visible = (p0 + t + 1) / ratio < n_keys ? (p0 + t + 1) / ratio : n_keys;
-  const int64_t n_sel = visible < k ? visible : k;
-  const float* st = score + t * n_keys;
-
-  // The k-th largest key, one 8-bit digit at a time from the top (skipped when all are taken).
-  // Once the keys sharing the prefix fit in `sel`, they are gathered there and the later digits
-  // read only them; once they are exactly the ones still wanted, the prefix is the threshold.
-  uint64_t threshold = 0;
-  if (visible > k) {
+  __shared__ int64_t remaining_s, bucket_s;
+  __shared__ int n_cand_s, n_sel_s;
+  uint64_t threshold = 1;
+  if (n_real > k) {
     uint64_t prefix = 0, mask = 0;
     int64_t remaining = k, n_cand = -1;  // n_cand ≥ 0: the candidates are sel[0, n_cand)
     for (int shift = 56; shift >= 0; shift -= 8) {
@@ -188,20 +242,19 @@ __global__ void __launch_bounds__(kSelectThreads)
         if (digit < 0x100 && __ffs(peers) - 1 == int(threadIdx.x % 32)) atomicAdd(&hist[digit], unsigned(__popc(peers)));
       };
       if (n_cand >= 0)
-        for (int64_t i = threadIdx.x; i < n_cand; i += blockDim.x) count(sel[i]);
+        StoredKeys{sel, n_cand}.for_each(count);
       else
-        for_each_score(st, visible, [&](float score, int64_t w) { count(select_key(score, w)); });
+        keys.for_each(count);
       __syncthreads();
-      if (threadIdx.x == 0) {
-        int64_t above = 0;
-        int digit = 255;
-        for (; digit > 0; --digit) {
-          if (above + hist[digit] >= remaining) break;
-          above += hist[digit];
+      if (threadIdx.x < 32) {
+        int digit;
+        int64_t above;
+        find_digit(hist, remaining, digit, above);
+        if (threadIdx.x == 0) {
+          prefix_s = prefix | (uint64_t(digit) << shift);
+          remaining_s = remaining - above;
+          bucket_s = hist[digit];
         }
-        prefix_s = prefix | (uint64_t(digit) << shift);
-        remaining_s = remaining - above;
-        bucket_s = hist[digit];
       }
       __syncthreads();
       prefix = prefix_s;
@@ -209,32 +262,34 @@ __global__ void __launch_bounds__(kSelectThreads)
       mask |= uint64_t(0xff) << shift;
       if (bucket_s == remaining) break;  // every key with this prefix is taken
       if (n_cand < 0 && bucket_s <= kMaxTopK) {
-        if (threadIdx.x == 0) n_sel_s = 0;
+        if (threadIdx.x == 0) n_cand_s = 0;
         __syncthreads();
-        for_each_score(st, visible, [&](float score, int64_t w) {
-          const uint64_t key = select_key(score, w);
-          if ((key & mask) == prefix) sel[atomicAdd(&n_sel_s, 1)] = key;
+        keys.for_each([&](uint64_t key) {
+          if ((key & mask) == prefix) sel[atomicAdd(&n_cand_s, 1)] = key;
         });
         __syncthreads();
-        n_cand = n_sel_s;
+        n_cand = n_cand_s;
       }
     }
-    threshold = prefix;
+    threshold = prefix;  // ≥ 1: the k-th largest key is real, and so is every key with its prefix
   }
-
-  // Gather the selected keys (exactly n_sel: keys are unique), pad to a power of two, sort.
+  // Exactly min(k, n_real) keys reach the threshold: real keys are unique.
   if (threadIdx.x == 0) n_sel_s = 0;
   __syncthreads();
-  for_each_score(st, visible, [&](float score, int64_t w) {
-    const uint64_t key = select_key(score, w);
+  keys.for_each([&](uint64_t key) {
     if (key >= threshold) sel[atomicAdd(&n_sel_s, 1)] = key;
   });
+  __syncthreads();
+  return n_sel_s;
+}
+
+// Bitonic sort of sel[0, n) into descending order, padded with zeros to a power of two.
+__device__ inline void sort_descending(uint64_t* sel, int64_t n) {
   int64_t size = 1;
-  while (size < n_sel) size *= 2;
+  while (size < n) size *= 2;
+  for (int64_t i = n + threadIdx.x; i < size; i += blockDim.x) sel[i] = 0;
   __syncthreads();
-  for (int64_t i = n_sel + threadIdx.x; i < size; i += blockDim.x) sel[i] = 0;  // below every real key
-  __syncthreads();
-  for (int64_t len = 2; len <= size; len *= 2)  // bitonic sort, descending
+  for (int64_t len = 2; len <= size; len *= 2)
     for (int64_t stride = len / 2; stride > 0; stride /= 2) {
       for (int64_t i = threadIdx.x; i < size; i += blockDim.x) {
         const int64_t j = i ^ stride;
@@ -246,13 +301,97 @@ __global__ void __launch_bounds__(kSelectThreads)
       }
       __syncthreads();
     }
+}
+
+// A query's k output rows from its n_sel sorted keys, −1 after them.
+__device__ inline void write_rows(const uint64_t* sel, int64_t n_sel, int64_t k, int32_t* rows) {
   for (int64_t i = threadIdx.x; i < k; i += blockDim.x)
-    idx[t * k + i] = i < n_sel ? int32_t(0xffffffffu - uint32_t(sel[i] & 0xffffffffu)) : -1;
+    rows[i] = i < n_sel ? int32_t(0xffffffffu - uint32_t(sel[i] & 0xffffffffu)) : -1;
+}
+
+// One block per query over its scores.
+__global__ void __launch_bounds__(kSelectThreads)
+    indexer_topk_kernel(const float* score, int64_t n_keys, int64_t ratio, int64_t p0, int64_t k, int32_t* idx) {
+  __shared__ uint64_t sel[kMaxTopK];
+  const int64_t t = blockIdx.x;
+  const int64_t visible = visible_keys(t, p0, ratio, n_keys);
+  const int n_sel = gather_top(ScoreKeys{score + t * n_keys, visible}, visible, k, sel);
+  sort_descending(sel, n_sel);
+  write_rows(sel, n_sel, k, idx + t * k);
+}
+
+// Split top-k, first step: block (part, t) keeps the top min(k, its keys) of query t's rows
+// [part · kPartKeys, (part + 1) · kPartKeys) in survivors[t, part], zeros after them. The part is
+// keyed once into shared memory, so every digit pass after the load reads shared memory only.
+__global__ void __launch_bounds__(kSelectThreads)
+    indexer_part_topk_kernel(const float* score, int64_t n_keys, int64_t ratio, int64_t p0, int64_t k,
+                             uint64_t* survivors) {
+  extern __shared__ uint64_t part_keys[];  // kPartKeys
+  __shared__ uint64_t sel[kMaxTopK];
+  const int64_t t = blockIdx.y, part = blockIdx.x, row0 = part * kPartKeys;
+  const int64_t rest = visible_keys(t, p0, ratio, n_keys) - row0;
+  const int64_t n = rest < 0 ? 0 : (rest < kPartKeys ? rest : kPartKeys);
+  for_each_element(score + t * n_keys + row0, n, [&](float s, int64_t i) { part_keys[i] = select_key(s, row0 + i); });
+  __syncthreads();
+  const int n_sel = gather_top(StoredKeys{part_keys, n}, n, k, sel);
+  uint64_t* out = survivors + (t * gridDim.x + part) * k;
+  for (int64_t i = threadIdx.x; i < k; i += blockDim.x) out[i] = i < n_sel ? sel[i] : 0;
+}
+
+// Split top-k, second step: one block per query selects from its parts' survivors, which hold its
+// top k (a part keeps every key of the top k it holds).
+__global__ void __launch_bounds__(kSelectThreads)
+    indexer_merge_topk_kernel(const uint64_t* survivors, int64_t parts, int64_t n_keys, int64_t ratio, int64_t p0,
+                              int64_t k, int32_t* idx) {
+  __shared__ uint64_t sel[kMaxTopK];
+  const int64_t t = blockIdx.x;
+  const int64_t visible = visible_keys(t, p0, ratio, n_keys);
+  const int64_t last = visible % kPartKeys;
+  const int64_t n_real = visible / kPartKeys * k + (last < k ? last : k);
+  const int n_sel = gather_top(StoredKeys{survivors + t * parts * k, parts * k}, n_real, k, sel);
+  sort_descending(sel, n_sel);
+  write_rows(sel, n_sel, k, idx + t * k);
 }
 
 __global__ void fill_ids_kernel(int32_t* idx, int64_t n, int32_t value) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     idx[i] = value;
+}
+
+// How many parts the top-k splits each query's keys into (1: one block per query). One block per
+// query fills the GPU only with about as many queries as it has SMs (132 on an H200); with the one
+// to few queries of decode, a single block took most of an indexer call at long contexts. Fewer
+// queries than that are split once their keys exceed one part, if a part keeps at most an eighth of
+// its keys (k ≤ kPartKeys / 8), so that the merge reads far fewer keys than the query has. Larger
+// chunks (prefill) keep one block per query: their grid is full, and the merge would be extra work.
+int64_t top_k_parts(int64_t T, int64_t visible_max, int64_t k) {
+  constexpr int64_t kQueriesFillingGpu = 128;
+  if (T >= kQueriesFillingGpu || 8 * k > kPartKeys) return 1;
+  return (visible_max + kPartKeys - 1) / kPartKeys;
+}
+
+// The top k of n queries' scores into idx; with parts > 1 through survivors ([n, parts, k]).
+void select_top_k(cudaStream_t stream, const float* score, int64_t n, int64_t n_keys, int64_t ratio, int64_t p0,
+                  int64_t k, int64_t parts, uint64_t* survivors, int32_t* idx) {
+  if (parts <= 1) {
+    indexer_topk_kernel<<<unsigned(n), kSelectThreads, 0, stream>>>(score, n_keys, ratio, p0, k, idx);
+    DSV4_CUDA_LAUNCHED("indexer_select (top-k)");
+    return;
+  }
+  // A part's keys exceed the 48 KiB of shared memory a launch gets without asking. The backend
+  // never switches devices, so asking once per process is enough.
+  constexpr size_t kPartBytes = kPartKeys * sizeof(uint64_t);
+  [[maybe_unused]] static const bool part_memory_allowed = [] {
+    DSV4_CUDA_CHECK(cudaFuncSetAttribute(indexer_part_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(kPartBytes)));
+    return true;
+  }();
+  indexer_part_topk_kernel<<<dim3(unsigned(parts), unsigned(n)), kSelectThreads, kPartBytes, stream>>>(
+      score, n_keys, ratio, p0, k, survivors);
+  DSV4_CUDA_LAUNCHED("indexer_select (top-k parts)");
+  indexer_merge_topk_kernel<<<unsigned(n), kSelectThreads, 0, stream>>>(survivors, parts, n_keys, ratio, p0, k,
+                                                                          idx);
+  DSV4_CUDA_LAUNCHED("indexer_select (top-k merge)");
 }
 
 }  // namespace
@@ -283,6 +422,8 @@ void CudaBackend::indexer_select(const float* q, const float* wts, int64_t T, in
   }
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(T, kScoreScratch / n_keys));
   DeviceArray<float> score(stream_, size_t(chunk * n_keys));
+  const int64_t parts = top_k_parts(T, std::min(n_keys, (p0 + T) / ratio), k);
+  DeviceArray<uint64_t> survivors(stream_, parts > 1 ? size_t(chunk * parts * k) : 0);
   for (int64_t t0 = 0; t0 < T; t0 += chunk) {
     const int64_t n = std::min(chunk, T - t0);
     const int64_t visible_max = std::min(n_keys, (p0 + t0 + n) / ratio);
@@ -300,9 +441,7 @@ void CudaBackend::indexer_select(const float* q, const float* wts, int64_t T, in
                                                                     score.get());
       DSV4_CUDA_LAUNCHED("indexer_select (scores)");
     }
-    indexer_topk_kernel<<<unsigned(n), kSelectThreads, 0, stream_>>>(score.get(), n_keys, ratio, p0 + t0, k,
-                                                                      idx + t0 * k);
-    DSV4_CUDA_LAUNCHED("indexer_select (top-k)");
+    select_top_k(stream_, score.get(), n, n_keys, ratio, p0 + t0, k, parts, survivors.get(), idx + t0 * k);
   }
 }
 

@@ -186,6 +186,15 @@ TEST(CudaTwin, IndexerSelect) {
       {3, 8, 128, 4000, 512, false, true},  // compact keys (68 B): the integer path in deepseek
       {5, 2, 32, 300, 16, true, true},      // compact keys with ties
       {2, 64, 128, 40000, 512, false, true},  // V4-Flash indexer heads over 10 000 compact keys
+      // Decode splits a query's keys into parts of 8 192 (bf16 scores in deepseek tie across parts).
+      {1, 8, 128, 279999, 512, false, true},  // 70 000 compact keys: 8 full parts and one of 4 464
+      {2, 8, 64, 262542, 512},                // 65 636 keys: the last part holds 99 and 100, fewer than k
+      {2, 4, 64, 262146, 512, true},          // 65 536 and 65 537 keys: t = 0 leaves the ninth part empty
+      {2, 2, 32, 280002, 512, true, true},    // 70 001 compact keys with ties
+      {1, 8, 128, 1048575, 512, false, true}, // 262 144 compact keys (1M tokens): 32 parts
+      {2, 4, 64, 1048574, 512, true},         // 262 143 and 262 144 keys with ties
+      {128, 2, 32, 39872, 512},               // 10 000 keys, enough queries to keep one block each
+      {1, 2, 32, 79999, 2048},                // 20 000 keys, k too large for parts: one block
   };
   for (const IndexerCase& c : cases) {
     const std::string name = "indexer_select T" + std::to_string(c.T) + " H" + std::to_string(c.heads) + " d" +
