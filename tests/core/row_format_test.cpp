@@ -8,8 +8,8 @@
 #include <random>
 #include <vector>
 
-#include "backend/cpu/quant.h"
 #include "core/error.h"
+#include "simulated_rows.h"
 
 namespace dsv4 {
 namespace {
@@ -40,15 +40,8 @@ std::vector<float> simulated_rows(const RowFormat& f, int rows, uint32_t seed) {
       if (rng() % 8 == 0)
         for (int32_t i = b0; i < std::min(b0 + 32, f.width); ++i) row[i] = 0.0f;
     }
-    for (int32_t b0 = 0; b0 < f.quant_dims; b0 += f.block()) {
-      const int64_t n = std::min(f.block(), f.quant_dims - b0);
-      if (f.kind == RowFormat::fp4)
-        cpu::fp4_sim_block(row + b0, n);
-      else
-        cpu::fp8_sim_block(row + b0, n);
-    }
-    for (int32_t i = f.quant_dims; i < f.width; ++i) row[i] = round_bf16(row[i]);
   }
+  test::simulate_rows(f, x.data(), rows);
   return x;
 }
 

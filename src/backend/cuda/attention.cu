@@ -5,23 +5,38 @@
 // Softmax is exact two-pass per (query, head), as on the CPU: logits, their max, then the
 // weighted sum. The sink joins the denominator but not the max; in deepseek numerics the
 // probabilities are rounded to bf16 before P·V while the denominator sums the unrounded
-// exponentials (§3.3).
+// exponentials (§3.3). Every product (fp32 query × stored row value, bf16 or fp32 probability ×
+// row value) is exact in double and every sum is a double sum, so results differ from the CPU's
+// only where a double sum in another order straddles a float rounding tie (device_math.cuh).
 //
-// Compressed rows are read in their stored format (core/row_format.h): the kernel is compiled per
-// row kind, and a lane reads groups of 4 dims (one 4-byte load of e4m3 codes, or 16 bytes of
-// floats from the window).
+// The rows of query t, in order: window rows [lo, pos], then the compressed rows (the visible ones,
+// or the indexer's selection, whose −1 entries stay in place as rows that are skipped: logit −∞,
+// no share of P·V). Compressed rows are read in their stored format (core/row_format.h): the
+// kernels are compiled per row kind, and a lane reads groups of 4 dims (one 4-byte load of e4m3
+// codes, or 16 bytes of floats from the window).
 //
-// Parallelisation, many queries (prefill): one block of 256 threads per (query, head). (Few
-// queries, i.e. decode, take the split kernels further down: the same softmax over slices of
-// rows, so the whole GPU works on one token.) The query and the logits of every
-// row it attends live in shared memory (so the row count is bounded by shared memory: ~50K rows
-// on Hopper). Phase 1 lists the compressed rows (a warp compacts the indexer's selection with
-// ballots, keeping its order); phase 2 has one warp per row for the dot product (double, shuffle
-// reduction); phase 3 the max and exponentials block-wide; phase 4 sums P·V in double: warp w
-// takes every 8th row, each lane the groups of 4 dims at 128·i + 4·lane (so each row is one
-// coalesced read with many loads in flight; one thread per dim walking all rows was
-// latency-bound), and the 8 partial sums are added in warp order. Double sums in another order
-// than the CPU's (device_math.cuh).
+// Few queries (decode): the heads of a query share its rows (one KV head), so logits = Q·Kᵀ and
+// the output P·V are matrix products with the heads as M, and they run on the FP64 tensor cores
+// (mma.m8n8k4.f64), each decoded row value serving every head of a block. Four kernels:
+//   logits: grid (row tiles of 128, head groups of 16, query); the block's queries in shared
+//     memory as doubles; warp w takes rows 16w … 16w+15 as two fragments of 8. The product's K
+//     runs over the dims in a permuted order (k-step 4c + u of lane i is dim 16c + 4i + u), so a
+//     lane reads 4 consecutive dims of a row with one load and uses them for 4 steps.
+//   softmax: one block per (query, head): the max, the exponentials (rounded for P·V) in place of
+//     the logits, the denominator with the sink.
+//   values: grid (row slices of 128, dim groups of 128, query × head groups of 64); the slice's
+//     probabilities in shared memory as doubles; 8 warps of 32 heads × 32 dims; one partial sum
+//     per slice.
+//   combine: the slices' partial sums in slice order, divided by the denominator.
+// (One block per (query, head) with one warp per row, as before, re-decoded every row once per
+// head in double: 1.2 ms per HCA layer at 1M context on an H200.)
+//
+// Many queries (prefill): one block of 256 threads per (query, head); the grid is full. The query
+// and the logits of every row it attends live in shared memory (so the row count is bounded by
+// shared memory: ~50K rows on Hopper). Phase 1 has one warp per row for the dot product (double,
+// shuffle reduction); phase 2 the max and exponentials block-wide; phase 3 sums P·V in double:
+// warp w takes every 8th row, each lane the groups of 4 dims at 128·i + 4·lane (so each row is
+// one coalesced read with many loads in flight), and the 8 partial sums are added in warp order.
 #include <algorithm>
 #include <cmath>
 
@@ -34,7 +49,8 @@ namespace {
 
 constexpr int kAttnThreads = 256;
 constexpr int kAttnWarps = kAttnThreads / 32;
-constexpr int kMaxHeadDim = 512;  // phase 4 keeps hd/32 double sums per lane in registers
+constexpr int kMaxHeadDim = 512;  // many queries: phase 3 keeps hd/32 double sums per lane in registers
+constexpr int64_t kFewQueries = 8;
 
 __global__ void swa_gather_kernel(const float* ring, int64_t window, int64_t width, int64_t pos_begin, float* dst) {
   const int64_t p = pos_begin + blockIdx.x;
@@ -63,20 +79,70 @@ struct AttnArgs {
   float* out;
 };
 
+// Row j of a query's rows: its data, and whether it is a window row (fp32) or a compressed row
+// (stored kind). p is nullptr for a skipped selection entry and past the last row.
+// (No member initialisers: an array of them lives in shared memory.)
+struct RowRef {
+  const float* p;
+  bool window;
+};
+
+// The rows query t attends (see the top).
+struct QueryRows {
+  int64_t lo, n_win, n;
+  __device__ QueryRows(const AttnArgs& a, int64_t t) {
+    const int64_t pos = a.p0 + t;
+    lo = pos - a.swa.window + 1 > 0 ? pos - a.swa.window + 1 : 0;
+    n_win = pos - lo + 1;
+    const int64_t visible = a.comp.ratio > 0 ? (pos + 1) / a.comp.ratio : 0;
+    n = n_win + (a.comp.idx ? a.comp.k : (visible < a.comp.n ? visible : a.comp.n));
+  }
+  __device__ RowRef row(const AttnArgs& a, int64_t t, int64_t j) const {
+    if (j >= n) return {nullptr, false};
+    if (j < n_win) return {a.swa.kv + (lo + j - a.swa.first_pos) * a.hd, true};
+    int64_t w = j - n_win;
+    if (a.comp.idx) {
+      const int32_t sel = a.comp.idx[t * a.comp.k + w];
+      if (sel < 0 || sel >= a.comp.n) return {nullptr, false};
+      w = sel;
+    }
+    return {a.comp.kv + w * a.comp.format.stride, false};
+  }
+};
+
+// Values d0 … d0+3 of row r (which must exist), compressed rows of kind K.
+template <RowFormat::Kind K>
+__device__ inline void row_floats4(const AttnArgs& a, RowRef r, int32_t d0, float v[4]) {
+  if (r.window)
+    row_values4<RowFormat::f32>(a.comp.format, r.p, d0, v);  // (f32 rows ignore the format)
+  else
+    row_values4<K>(a.comp.format, r.p, d0, v);
+}
+
+// The same as doubles, zeros for a missing row or dims at or past hd (fragment padding).
+template <RowFormat::Kind K>
+__device__ inline void row_doubles4(const AttnArgs& a, RowRef r, int32_t d0, double v[4]) {
+  float f[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (r.p && d0 < a.hd) row_floats4<K>(a, r, d0, f);
+#pragma unroll
+  for (int c = 0; c < 4; ++c) v[c] = double(f[c]);
+}
+
+// ---- many queries (prefill) ---------------------------------------------------------------------
+
 // A lane's share of a row: the groups of 4 dims starting at 128·i + 4·lane.
 constexpr int kGroups = kMaxHeadDim / 128;
 
-// Row r's dot with the query, this lane's part (rows of kind K).
+// Row r's dot with the query (kept in double: one conversion less per product), this lane's part.
 template <RowFormat::Kind K>
-// (The query is kept in double: one float-to-double conversion less per product.)
-__device__ inline double dot_part(const RowFormat& f, const float* r, const double* qs, int64_t hd, int lane) {
+__device__ inline double dot_part(const AttnArgs& a, RowRef r, const double* qs, int lane) {
   double acc = 0.0;
 #pragma unroll
   for (int i = 0; i < kGroups; ++i) {
     const int32_t d0 = 128 * i + 4 * lane;
-    if (d0 >= hd) break;
+    if (d0 >= a.hd) break;
     float v[4];
-    row_values4<K>(f, r, d0, v);
+    row_floats4<K>(a, r, d0, v);
 #pragma unroll
     for (int c = 0; c < 4; ++c) acc += qs[d0 + c] * double(v[c]);
   }
@@ -85,14 +151,13 @@ __device__ inline double dot_part(const RowFormat& f, const float* r, const doub
 
 // acc += p · row r, this lane's dims (acc[4·i + c] holds dim 128·i + 4·lane + c).
 template <RowFormat::Kind K>
-__device__ inline void add_part(const RowFormat& f, const float* r, double p, int64_t hd, int lane,
-                                double (&acc)[4 * kGroups]) {
+__device__ inline void add_part(const AttnArgs& a, RowRef r, double p, int lane, double (&acc)[4 * kGroups]) {
 #pragma unroll
   for (int i = 0; i < kGroups; ++i) {
     const int32_t d0 = 128 * i + 4 * lane;
-    if (d0 >= hd) break;
+    if (d0 >= a.hd) break;
     float v[4];
-    row_values4<K>(f, r, d0, v);
+    row_floats4<K>(a, r, d0, v);
 #pragma unroll
     for (int c = 0; c < 4; ++c) acc[4 * i + c] += p * double(v[c]);
   }
@@ -103,195 +168,44 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a) {
   extern __shared__ double smem[];
   __shared__ float fscratch[32];
   __shared__ double dscratch[32];
-  __shared__ int64_t n_comp_s;
-  const int64_t t = blockIdx.x, h = blockIdx.y, hd = a.hd, pos = a.p0 + t;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
-  double* part = smem;                                       // [warps][hd] phase 4 partial sums
-  double* qs = part + kAttnWarps * hd;                       // [hd]
-  float* p = reinterpret_cast<float*>(qs + hd);              // [n_max] logits, then probabilities
-  int32_t* comp_rows = reinterpret_cast<int32_t*>(p + a.n_max);  // [k] selected compressed rows
-
-  // Phase 1: the rows this query attends: window rows [lo, pos], then compressed rows.
-  const int64_t lo = pos - a.swa.window + 1 > 0 ? pos - a.swa.window + 1 : 0;
-  const int64_t n_win = pos - lo + 1;
-  if (warp == 0) {
-    int64_t count = 0;
-    if (a.comp.idx) {
-      for (int64_t base = 0; base < a.comp.k; base += 32) {
-        const int32_t w = base + lane < a.comp.k ? a.comp.idx[t * a.comp.k + base + lane] : -1;
-        const bool valid = w >= 0 && w < a.comp.n;
-        const unsigned ballot = __ballot_sync(kFullMask, valid);
-        if (valid) comp_rows[count + __popc(ballot & ((1u << lane) - 1))] = w;
-        count += __popc(ballot);
-      }
-    } else if (a.comp.ratio > 0) {
-      count = (pos + 1) / a.comp.ratio < a.comp.n ? (pos + 1) / a.comp.ratio : a.comp.n;
-    }
-    if (lane == 0) n_comp_s = count;
-  }
+  const int64_t t = blockIdx.x, h = blockIdx.y, hd = a.hd;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  double* part = smem;                           // [warps][hd] phase 3 partial sums
+  double* qs = part + kAttnWarps * hd;           // [hd]
+  float* p = reinterpret_cast<float*>(qs + hd);  // [n_max] logits, then probabilities
+  const QueryRows rows(a, t);
   for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = a.q[(t * a.H + h) * hd + d];
   __syncthreads();
-  const int64_t n = n_win + n_comp_s;
-  // Row j: a window row (fp32) or a compressed row in its stored format (kind K).
-  const RowFormat window_format = RowFormat::plain(int32_t(hd));
-  auto window_row = [&](int64_t j) { return a.swa.kv + (lo + j - a.swa.first_pos) * hd; };
-  auto comp_row = [&](int64_t j) {
-    const int64_t w = a.comp.idx ? comp_rows[j - n_win] : j - n_win;
-    return a.comp.kv + w * a.comp.format.stride;
-  };
 
-  // Phase 2: logits, one warp per row.
-  for (int64_t j = warp; j < n; j += n_warps) {
-    double acc = j < n_win ? dot_part<RowFormat::f32>(window_format, window_row(j), qs, hd, lane)
-                           : dot_part<K>(a.comp.format, comp_row(j), qs, hd, lane);
-    acc = warp_sum(acc);
+  // Phase 1: logits, one warp per row.
+  for (int64_t j = warp; j < rows.n; j += kAttnWarps) {
+    const RowRef r = rows.row(a, t, j);
+    if (!r.p) {  // a skipped selection entry (uniform over the warp)
+      if (lane == 0) p[j] = -INFINITY;
+      continue;
+    }
+    const double acc = warp_sum(dot_part<K>(a, r, qs, lane));
     if (lane == 0) p[j] = float(acc) * a.softmax_scale;
   }
   __syncthreads();
 
-  // Phase 3: the max (without the sink), exponentials, the denominator with the sink.
+  // Phase 2: the max (without the sink), exponentials, the denominator with the sink.
   float mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) mx = fmaxf(mx, p[j]);
+  for (int64_t j = threadIdx.x; j < rows.n; j += blockDim.x) mx = fmaxf(mx, p[j]);
   mx = block_max(mx, fscratch);
   double den = 0.0;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+  for (int64_t j = threadIdx.x; j < rows.n; j += blockDim.x) {
     const float e = exp_f(p[j] - mx);
     den += e;
     p[j] = round_if(a.bf16, e);
   }
   den = block_sum(den, dscratch) + exp_f(a.sinks[h] - mx);
 
-  // Phase 4: P·V (see the top).
+  // Phase 3: P·V (see the top).
   double acc[4 * kGroups] = {};
-  for (int64_t j = warp; j < n; j += n_warps) {
-    if (j < n_win)
-      add_part<RowFormat::f32>(window_format, window_row(j), double(p[j]), hd, lane, acc);
-    else
-      add_part<K>(a.comp.format, comp_row(j), double(p[j]), hd, lane, acc);
-  }
-#pragma unroll
-  for (int i = 0; i < kGroups; ++i)
-#pragma unroll
-    for (int c = 0; c < 4; ++c)
-      if (128 * i + 4 * lane < hd) part[warp * hd + 128 * i + 4 * lane + c] = acc[4 * i + c];
-  __syncthreads();
-  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
-    double sum = 0.0;
-    for (int w = 0; w < n_warps; ++w) sum += part[w * hd + d];
-    a.out[(t * a.H + h) * hd + d] = round_if(a.bf16, float(sum) / float(den));
-  }
-}
-
-// ---- split over rows: few queries (decode) ------------------------------------------------------
-// One block per (query, head) leaves most of the GPU idle and waits on memory row after row. With
-// few queries the same exact two-pass softmax runs in three kernels over slices of kSplitRows
-// rows, grid (query, head, slice): the logits and each slice's max; the global max (over the
-// slice maxima), the slice's exponentials, its share of the denominator and of P·V; and the sum
-// of the slices in slice order. A selection's −1 entries stay in place as rows that are skipped
-// (logit −∞, no share of P·V).
-constexpr int kSplitRows = 64;
-
-struct SplitArgs {
-  AttnArgs a;
-  int64_t slices;
-  float* logits;     // [T, H, n_max]
-  float* slice_max;  // [T, H, slices]
-  double* den;       // [T, H, slices]
-  double* partial;   // [T, H, slices, hd]
-};
-
-// The rows query t attends, in order: window rows, then compressed rows (the visible ones, or
-// the indexer's selection with its invalid entries).
-struct QueryRows {
-  int64_t lo, n_win, n;
-  __device__ QueryRows(const AttnArgs& a, int64_t t) {
-    const int64_t pos = a.p0 + t;
-    lo = pos - a.swa.window + 1 > 0 ? pos - a.swa.window + 1 : 0;
-    n_win = pos - lo + 1;
-    const int64_t visible = a.comp.ratio > 0 ? (pos + 1) / a.comp.ratio : 0;
-    n = n_win + (a.comp.idx ? a.comp.k : (visible < a.comp.n ? visible : a.comp.n));
-  }
-  // Compressed row of entry j ≥ n_win, or −1 for none.
-  __device__ int64_t compressed(const AttnArgs& a, int64_t t, int64_t j) const {
-    if (!a.comp.idx) return j - n_win;
-    const int32_t w = a.comp.idx[t * a.comp.k + j - n_win];
-    return w >= 0 && w < a.comp.n ? w : -1;
-  }
-};
-
-// Slice s of the rows: [begin, end).
-__device__ inline void slice_range(const QueryRows& rows, int64_t s, int64_t& begin, int64_t& end) {
-  begin = s * kSplitRows;
-  end = begin + kSplitRows < rows.n ? begin + kSplitRows : rows.n;
-}
-
-template <RowFormat::Kind K>
-__global__ void __launch_bounds__(kAttnThreads) split_logits_kernel(SplitArgs s) {
-  __shared__ double qs[kMaxHeadDim];
-  __shared__ float fscratch[32];
-  const AttnArgs& a = s.a;
-  const int64_t t = blockIdx.x, h = blockIdx.y, hd = a.hd, at = (t * a.H + h) * s.slices + blockIdx.z;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const QueryRows rows(a, t);
-  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = a.q[(t * a.H + h) * hd + d];
-  __syncthreads();
-  const RowFormat window_format = RowFormat::plain(int32_t(hd));
-  int64_t begin, end;
-  slice_range(rows, blockIdx.z, begin, end);
-  float* logits = s.logits + (t * a.H + h) * a.n_max;
-  float mx = -INFINITY;
-  for (int64_t j = begin + warp; j < end; j += kAttnWarps) {
-    const int64_t w = j < rows.n_win ? 0 : rows.compressed(a, t, j);
-    if (w < 0) {  // an empty selection entry (uniform over the warp)
-      if (lane == 0) logits[j] = -INFINITY;
-      continue;
-    }
-    double acc = j < rows.n_win
-                     ? dot_part<RowFormat::f32>(window_format, a.swa.kv + (rows.lo + j - a.swa.first_pos) * hd, qs, hd, lane)
-                     : dot_part<K>(a.comp.format, a.comp.kv + w * a.comp.format.stride, qs, hd, lane);
-    acc = warp_sum(acc);
-    const float l = float(acc) * a.softmax_scale;
-    if (lane == 0) logits[j] = l;
-    mx = fmaxf(mx, l);
-  }
-  mx = block_max(mx, fscratch);
-  if (threadIdx.x == 0) s.slice_max[at] = mx;
-}
-
-// The max of query t, head h over every slice (fmax: exact in any order).
-__device__ inline float global_max(const SplitArgs& s, const QueryRows& rows, int64_t t, int64_t h, float* scratch) {
-  const int64_t used = (rows.n + kSplitRows - 1) / kSplitRows, base = (t * s.a.H + h) * s.slices;
-  float mx = -INFINITY;
-  for (int64_t sl = threadIdx.x; sl < used; sl += blockDim.x) mx = fmaxf(mx, s.slice_max[base + sl]);
-  return block_max(mx, scratch);
-}
-
-template <RowFormat::Kind K>
-__global__ void __launch_bounds__(kAttnThreads) split_values_kernel(SplitArgs s) {
-  extern __shared__ double part[];  // [warps][hd]
-  __shared__ float fscratch[32];
-  __shared__ double dscratch[32];
-  const AttnArgs& a = s.a;
-  const int64_t t = blockIdx.x, h = blockIdx.y, hd = a.hd, at = (t * a.H + h) * s.slices + blockIdx.z;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const QueryRows rows(a, t);
-  const float* logits = s.logits + (t * a.H + h) * a.n_max;
-  const float mx = global_max(s, rows, t, h, fscratch);
-  int64_t begin, end;
-  slice_range(rows, blockIdx.z, begin, end);
-  double den = 0.0;
-  for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) den += exp_f(logits[j] - mx);
-  den = block_sum(den, dscratch);
-  const RowFormat window_format = RowFormat::plain(int32_t(hd));
-  double acc[4 * kGroups] = {};
-  for (int64_t j = begin + warp; j < end; j += kAttnWarps) {
-    const int64_t w = j < rows.n_win ? 0 : rows.compressed(a, t, j);
-    if (w < 0) continue;
-    const double pj = round_if(a.bf16, exp_f(logits[j] - mx));
-    if (j < rows.n_win)
-      add_part<RowFormat::f32>(window_format, a.swa.kv + (rows.lo + j - a.swa.first_pos) * hd, pj, hd, lane, acc);
-    else
-      add_part<K>(a.comp.format, a.comp.kv + w * a.comp.format.stride, pj, hd, lane, acc);
+  for (int64_t j = warp; j < rows.n; j += kAttnWarps) {
+    const RowRef r = rows.row(a, t, j);
+    if (r.p) add_part<K>(a, r, double(p[j]), lane, acc);
   }
 #pragma unroll
   for (int i = 0; i < kGroups; ++i)
@@ -302,25 +216,154 @@ __global__ void __launch_bounds__(kAttnThreads) split_values_kernel(SplitArgs s)
   for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
     double sum = 0.0;
     for (int w = 0; w < kAttnWarps; ++w) sum += part[w * hd + d];
-    s.partial[at * hd + d] = sum;
+    a.out[(t * a.H + h) * hd + d] = round_if(a.bf16, float(sum) / float(den));
   }
-  if (threadIdx.x == 0) s.den[at] = den;
 }
 
-__global__ void __launch_bounds__(kAttnThreads) split_combine_kernel(SplitArgs s) {
-  __shared__ float fscratch[32];
+// ---- few queries (decode): the FP64 tensor cores ------------------------------------------------
+
+constexpr int kLogitHeads = 16;                      // 2 fragments of 8
+constexpr int kLogitRows = kAttnWarps * 16;          // 2 fragments of 8 per warp
+constexpr int kValueRows = 128;                      // the product's K per block (a slice)
+constexpr int kValueHeads = 64;                      // 2 warp rows of 4 fragments of 8
+constexpr int kValueDims = 128;                      // 4 warp columns of 4 fragments of 8
+constexpr int kValuePitch = kValueRows + 4;          // doubles; spreads a fragment read over all banks
+
+struct DecodeArgs {
+  AttnArgs a;
+  int64_t slices;    // of kValueRows rows
+  float* logits;     // [T, H, n_max]: logits, then probabilities
+  double* den;       // [T, H]
+  double* partial;   // [T, slices, H, hd]
+};
+
+// Dims of the logits product: hd rounded up to the 16 dims of 4 permuted k-steps; the query rows'
+// pitch in shared memory is one more (odd: a fragment read touches every bank pair twice).
+__host__ __device__ inline int64_t logit_dims(int64_t hd) { return (hd + 15) / 16 * 16; }
+
+template <RowFormat::Kind K>
+__global__ void __launch_bounds__(kAttnThreads) decode_logits_kernel(DecodeArgs s) {
+  extern __shared__ double qs[];  // [kLogitHeads][dims + 1], zero past H and hd
   const AttnArgs& a = s.a;
-  const int64_t t = blockIdx.x, h = blockIdx.y, hd = a.hd;
+  const int64_t t = blockIdx.z, h0 = int64_t(blockIdx.y) * kLogitHeads, hd = a.hd;
+  const int64_t dims = logit_dims(hd), pitch = dims + 1;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, i = lane % 4;
   const QueryRows rows(a, t);
-  const float mx = global_max(s, rows, t, h, fscratch);
-  const int64_t used = (rows.n + kSplitRows - 1) / kSplitRows, base = (t * a.H + h) * s.slices;
+  const int64_t j0 = int64_t(blockIdx.x) * kLogitRows;
+  if (j0 >= rows.n) return;  // (uniform over the block)
+  for (int64_t e = threadIdx.x; e < kLogitHeads * dims; e += blockDim.x) {
+    const int64_t hh = e / dims, d = e % dims;
+    qs[hh * pitch + d] = h0 + hh < a.H && d < hd ? double(a.q[(t * a.H + h0 + hh) * hd + d]) : 0.0;
+  }
+  __syncthreads();
+  const int64_t jw = j0 + 16 * warp;  // this warp's rows
+  if (jw >= rows.n) return;
+  const RowRef r[2] = {rows.row(a, t, jw + g), rows.row(a, t, jw + 8 + g)};
+  double acc[2][2][2] = {};  // [head fragment][row fragment][element]
+  for (int64_t d16 = 0; d16 < dims; d16 += 16) {
+    const int32_t d0 = int32_t(d16) + 4 * i;
+    double b[2][4];
+    row_doubles4<K>(a, r[0], d0, b[0]);
+    row_doubles4<K>(a, r[1], d0, b[1]);
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        const double q = qs[(8 * m + g) * pitch + d0 + u];
+        dmma(acc[m][0], q, b[0][u]);
+        dmma(acc[m][1], q, b[1][u]);
+      }
+  }
+  // acc[m][f][c]: head h0 + 8m + g, row jw + 8f + 2i + c.
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int f = 0; f < 2; ++f)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int64_t h = h0 + 8 * m + g, j = jw + 8 * f + 2 * i + c;
+        if (h >= a.H || j >= rows.n) continue;
+        const bool present = rows.row(a, t, j).p != nullptr;
+        s.logits[(t * a.H + h) * a.n_max + j] = present ? float(acc[m][f][c]) * a.softmax_scale : -INFINITY;
+      }
+}
+
+__global__ void __launch_bounds__(kAttnThreads) decode_softmax_kernel(DecodeArgs s) {
+  __shared__ float fscratch[32];
+  __shared__ double dscratch[32];
+  const AttnArgs& a = s.a;
+  const int64_t t = blockIdx.x, h = blockIdx.y;
+  const QueryRows rows(a, t);
+  float* p = s.logits + (t * a.H + h) * a.n_max;
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < rows.n; j += blockDim.x) mx = fmaxf(mx, p[j]);
+  mx = block_max(mx, fscratch);
   double den = 0.0;
-  for (int64_t sl = 0; sl < used; ++sl) den += s.den[base + sl];
-  den += exp_f(a.sinks[h] - mx);
-  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
+  for (int64_t j = threadIdx.x; j < rows.n; j += blockDim.x) {
+    const float e = exp_f(p[j] - mx);
+    den += e;
+    p[j] = round_if(a.bf16, e);
+  }
+  den = block_sum(den, dscratch) + exp_f(a.sinks[h] - mx);
+  if (threadIdx.x == 0) s.den[t * a.H + h] = den;
+}
+
+template <RowFormat::Kind K>
+__global__ void __launch_bounds__(kAttnThreads) decode_values_kernel(DecodeArgs s) {
+  extern __shared__ double ps[];          // [kValueHeads][kValuePitch] the slice's probabilities
+  __shared__ RowRef slice_rows[kValueRows];
+  const AttnArgs& a = s.a;
+  const int64_t head_groups = (a.H + kValueHeads - 1) / kValueHeads;
+  const int64_t t = blockIdx.z / head_groups, h0 = blockIdx.z % head_groups * kValueHeads;
+  const int64_t slice = blockIdx.x, j0 = slice * kValueRows;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, i = lane % 4;
+  const QueryRows rows(a, t);
+  if (j0 >= rows.n) return;  // (uniform over the block)
+  const float* p = s.logits + t * a.H * a.n_max;
+  for (int64_t e = threadIdx.x; e < kValueHeads * kValueRows; e += blockDim.x) {
+    const int64_t hh = e / kValueRows, jj = e % kValueRows;
+    ps[hh * kValuePitch + jj] = h0 + hh < a.H && j0 + jj < rows.n ? double(p[(h0 + hh) * a.n_max + j0 + jj]) : 0.0;
+  }
+  for (int64_t jj = threadIdx.x; jj < kValueRows; jj += blockDim.x) slice_rows[jj] = rows.row(a, t, j0 + jj);
+  __syncthreads();
+  // Warp (wm, wn): heads h0 + 32·wm + 8m + g, dims d_base + 4g + f for fragments m, f.
+  const int wm = warp / 4, wn = warp % 4;
+  const int64_t d_base = int64_t(blockIdx.y) * kValueDims + 32 * wn;
+  if (h0 + 32 * wm >= a.H || d_base >= a.hd) return;
+  const int64_t n_rows = rows.n - j0 < kValueRows ? rows.n - j0 : kValueRows;
+  double acc[4][4][2] = {};  // [head fragment][dim fragment][element]
+  for (int64_t jj = 0; jj < n_rows; jj += 4) {
+    double b[4];
+    row_doubles4<K>(a, jj + i < n_rows ? slice_rows[jj + i] : RowRef{nullptr, false}, int32_t(d_base) + 4 * g, b);
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const double pa = ps[(32 * wm + 8 * m + g) * kValuePitch + jj + i];
+#pragma unroll
+      for (int f = 0; f < 4; ++f) dmma(acc[m][f], pa, b[f]);
+    }
+  }
+  // acc[m][f][c]: head h0 + 32·wm + 8m + g, column 2i + c of dim fragment f = dim d_base + 4(2i + c) + f.
+  double* partial = s.partial + (t * s.slices + slice) * a.H * a.hd;
+#pragma unroll
+  for (int m = 0; m < 4; ++m)
+#pragma unroll
+    for (int f = 0; f < 4; ++f)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int64_t h = h0 + 32 * wm + 8 * m + g, d = d_base + 4 * (2 * i + c) + f;
+        if (h < a.H && d < a.hd) partial[h * a.hd + d] = acc[m][f][c];
+      }
+}
+
+__global__ void decode_combine_kernel(DecodeArgs s, int64_t T) {
+  const AttnArgs& a = s.a;
+  const int64_t n = T * a.H * a.hd;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t d = e % a.hd, h = e / a.hd % a.H, t = e / (a.hd * a.H);
+    const int64_t used = (QueryRows(a, t).n + kValueRows - 1) / kValueRows;
     double sum = 0.0;
-    for (int64_t sl = 0; sl < used; ++sl) sum += s.partial[(base + sl) * hd + d];
-    a.out[(t * a.H + h) * hd + d] = round_if(a.bf16, float(sum) / float(den));
+    for (int64_t sl = 0; sl < used; ++sl) sum += s.partial[((t * s.slices + sl) * a.H + h) * a.hd + d];
+    a.out[e] = round_if(a.bf16, float(sum) / float(s.den[t * a.H + h]));
   }
 }
 
@@ -356,8 +399,6 @@ void CudaBackend::attention(const float* q, int64_t T, int64_t H, int64_t hd, in
   else if (comp.ratio > 0)
     n_comp_max = std::min(comp.n, (p0 + T) / comp.ratio);
   const int64_t n_max = std::min(swa.window, p0 + T) + n_comp_max;
-  const int64_t slices = (n_max + kSplitRows - 1) / kSplitRows;
-  DSV4_CUDA_REQUIRE(hd <= kMaxHeadDim, "attention: head dim ", hd, " above ", kMaxHeadDim);
   DSV4_CUDA_REQUIRE(!comp.kv || comp.format.width == hd, "attention: compressed rows of width ", comp.format.width,
                     ", heads of ", hd);
   // Groups of 4 dims: 16-byte aligned window rows, e4m3 groups that never straddle the bf16 tail.
@@ -369,32 +410,39 @@ void CudaBackend::attention(const float* q, int64_t T, int64_t H, int64_t hd, in
   const AttnArgs args{q, H, hd, p0, swa, comp, static_cast<const float*>(upload(sinks, size_t(H) * sizeof(float))),
                       softmax_scale, n_max, deepseek(), out};
   const bool fp8_rows = comp.format.kind == RowFormat::fp8_bf16;
-  if (slices >= 2 && T * H * slices <= (int64_t(1) << 16)) {  // few queries (decode)
-    DeviceArray<float> logits(stream_, size_t(T * H * n_max)), slice_max(stream_, size_t(T * H * slices));
-    DeviceArray<double> den(stream_, size_t(T * H * slices)), partial(stream_, size_t(T * H * slices * hd));
-    const SplitArgs split{args, slices, logits.get(), slice_max.get(), den.get(), partial.get()};
-    const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(H), static_cast<unsigned>(slices));
-    const size_t part_bytes = size_t(kAttnWarps * hd) * sizeof(double);
-    (fp8_rows ? split_logits_kernel<RowFormat::fp8_bf16> : split_logits_kernel<RowFormat::f32>)
-        <<<grid, kAttnThreads, 0, stream_>>>(split);
-    DSV4_CUDA_LAUNCHED("attention (split logits)");
-    (fp8_rows ? split_values_kernel<RowFormat::fp8_bf16> : split_values_kernel<RowFormat::f32>)
-        <<<grid, kAttnThreads, part_bytes, stream_>>>(split);
-    DSV4_CUDA_LAUNCHED("attention (split values)");
-    split_combine_kernel<<<dim3(unsigned(T), unsigned(H)), kAttnThreads, 0, stream_>>>(split);
-    DSV4_CUDA_LAUNCHED("attention (split combine)");
+
+  if (T <= kFewQueries) {
+    const int64_t slices = (n_max + kValueRows - 1) / kValueRows;
+    DeviceArray<float> logits(stream_, size_t(T * H * n_max));
+    DeviceArray<double> den(stream_, size_t(T * H)), partial(stream_, size_t(T * slices * H * hd));
+    const DecodeArgs d{args, slices, logits.get(), den.get(), partial.get()};
+    const size_t logit_smem = size_t(kLogitHeads * (logit_dims(hd) + 1)) * sizeof(double);
+    const size_t value_smem = size_t(kValueHeads * kValuePitch) * sizeof(double);
+    const auto logits_kernel =
+        fp8_rows ? decode_logits_kernel<RowFormat::fp8_bf16> : decode_logits_kernel<RowFormat::f32>;
+    const auto values_kernel =
+        fp8_rows ? decode_values_kernel<RowFormat::fp8_bf16> : decode_values_kernel<RowFormat::f32>;
+    allow_shared_memory(reinterpret_cast<const void*>(logits_kernel), logit_smem, "attention logits");
+    allow_shared_memory(reinterpret_cast<const void*>(values_kernel), value_smem, "attention values");
+    const dim3 logit_grid(unsigned((n_max + kLogitRows - 1) / kLogitRows),
+                          unsigned((H + kLogitHeads - 1) / kLogitHeads), unsigned(T));
+    logits_kernel<<<logit_grid, kAttnThreads, logit_smem, stream_>>>(d);
+    DSV4_CUDA_LAUNCHED("attention (logits)");
+    decode_softmax_kernel<<<dim3(unsigned(T), unsigned(H)), kAttnThreads, 0, stream_>>>(d);
+    DSV4_CUDA_LAUNCHED("attention (softmax)");
+    const dim3 value_grid(unsigned(slices), unsigned((hd + kValueDims - 1) / kValueDims),
+                          unsigned(T * ((H + kValueHeads - 1) / kValueHeads)));
+    values_kernel<<<value_grid, kAttnThreads, value_smem, stream_>>>(d);
+    DSV4_CUDA_LAUNCHED("attention (values)");
+    decode_combine_kernel<<<grid_for(T * H * hd, 256), 256, 0, stream_>>>(d, T);
+    DSV4_CUDA_LAUNCHED("attention (combine)");
     return;
   }
-  const size_t smem = size_t((kAttnWarps + 1) * hd) * sizeof(double) + size_t(n_max) * sizeof(float) +
-                      (comp.idx ? size_t(comp.k) * sizeof(int32_t) : 0);
-  int device = 0, smem_limit = 0;
-  DSV4_CUDA_CHECK(cudaGetDevice(&device));
-  DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&smem_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  if (smem + 1024 > size_t(smem_limit))
-    fail_unsupported(cat("attention: ", n_max, " rows per query need ", smem, " bytes of shared memory (limit ",
-                         smem_limit, ")"));
+
+  DSV4_CUDA_REQUIRE(hd <= kMaxHeadDim, "attention: head dim ", hd, " above ", kMaxHeadDim);
+  const size_t smem = size_t((kAttnWarps + 1) * hd) * sizeof(double) + size_t(n_max) * sizeof(float);
   const auto kernel = fp8_rows ? attention_kernel<RowFormat::fp8_bf16> : attention_kernel<RowFormat::f32>;
-  DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  allow_shared_memory(reinterpret_cast<const void*>(kernel), smem, "attention over this many rows per query");
   kernel<<<dim3(unsigned(T), unsigned(H)), kAttnThreads, smem, stream_>>>(args);
   DSV4_CUDA_LAUNCHED("attention");
 }

@@ -184,6 +184,12 @@ class CudaBackend final : public Backend {
   // with g, u from w1, w3 (§3.6). up/gate carry x and the weights; down.y receives the output.
   void expert_ffn(GemmRequest gate, GemmRequest up, GemmRequest down, const float* row_weights, double limit);
 
+  // Lets `kernel` take up to the device's opt-in shared memory per block (set once per kernel),
+  // or fails, naming `what`, when `bytes` is more than that.
+  void allow_shared_memory(const void* kernel, size_t bytes, const char* what);
+  int shared_memory_optin_ = 0;
+  std::unordered_map<const void*, int> shared_memory_kernels_;  // kernel → dynamic bytes allowed
+
   cudaStream_t stream_ = nullptr;
   int* pack_inexact_ = nullptr;  // mapped host flag: pack_rows met a value its format cannot hold
   std::unordered_map<const void*, std::pair<void*, size_t>> uploads_;  // host address → (device copy, bytes)

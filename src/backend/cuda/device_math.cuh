@@ -65,6 +65,31 @@ __device__ inline float block_max(float v, float* scratch) {
   return total;
 }
 
+// f(a[i], i) for every i < n, spread over the block, each thread loading 8 elements before using
+// them: a loop with one load in flight per thread waits on memory at every element when one
+// block reads a long array (a query's scores, a token's HC state).
+template <class T, class F>
+__device__ inline void for_each_element(const T* a, int64_t n, F f) {
+  constexpr int kUnroll = 8;
+  for (int64_t base = threadIdx.x; base < n; base += int64_t(blockDim.x) * kUnroll) {
+    T v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u] = base + u * blockDim.x < n ? a[base + u * blockDim.x] : T{};
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (base + u * blockDim.x < n) f(v[u], base + u * blockDim.x);
+  }
+}
+
+// d += a·b on the FP64 tensor cores, one 8 × 8 × 4 step of a warp (mma.m8n8k4.f64): lane
+// 4·g + i holds a = A[g][i], b = B[i][g] and d = D[g][2i], D[g][2i + 1]. Products of fp32 values
+// (or narrower) are exact in double, so the result is a double sum in another order.
+__device__ __forceinline__ void dmma(double (&d)[2], double a, double b) {
+  asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};"
+               : "+d"(d[0]), "+d"(d[1])
+               : "d"(a), "d"(b));
+}
+
 // Blocks of a 1-D grid-stride launch over n elements.
 inline unsigned grid_for(int64_t n, int threads) {
   const int64_t blocks = (n + threads - 1) / threads;

@@ -11,6 +11,7 @@
 // device), and each block takes 64 rows of one group, so an expert's weights are read once per 64
 // tokens instead of once per token. Rows without an expert form a last group that writes zeros.
 #include "backend/cuda/gemm_dmma.h"
+#include "backend/cuda/device_math.cuh"
 #include "backend/cuda/weight_access.cuh"
 
 namespace dsv4::cuda {
@@ -21,12 +22,6 @@ constexpr int kBM = 64, kBN = 64, kBK = 32, kThreads = 128;
 // Row pitch of the staged tiles, in doubles: +4 puts the 8 × 4 fragment reads of a half-warp on
 // 16 distinct bank pairs.
 constexpr int kPitch = kBK + 4;
-
-__device__ __forceinline__ void dmma(double (&d)[2], double a, double b) {
-  asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};"
-               : "+d"(d[0]), "+d"(d[1])
-               : "d"(a), "d"(b));
-}
 
 // Visits the 4 × 4 fragments of 8 × 8 (two elements each) that a lane holds of its warp's 32 × 32
 // quarter at (wm, wn): f(i, j, c, row, col) for d[i][j][c], at (row, col) of the block's tile (the

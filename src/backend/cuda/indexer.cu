@@ -38,7 +38,8 @@ namespace {
 constexpr int kScoreWarps = 8;
 constexpr int kSelectThreads = 1024;
 constexpr int64_t kMaxTopK = 4096;             // bitonic buffer (32 KiB of keys)
-constexpr int64_t kPartKeys = 8192;            // split top-k: a part's keys in shared memory (64 KiB)
+constexpr int64_t kPartKeys = 8192;            // split top-k: a part's keys in shared memory
+constexpr size_t kPartBytes = kPartKeys * sizeof(uint64_t);  // (64 KiB: above the default 48)
 constexpr int64_t kScoreScratch = int64_t(1) << 26;  // floats of scores per chunk (256 MiB)
 constexpr int kMaxKeyDim = 256;                        // a key's dims in registers: 8 per lane
 
@@ -151,21 +152,6 @@ __device__ inline uint64_t select_key(float score, int64_t w) {
   const uint32_t b = f32_bits(score);
   const uint32_t ordered = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
   return (uint64_t(ordered) << 32) | uint64_t(0xffffffffu - uint32_t(w));
-}
-
-// f(a[i], i) for every i < n, each thread loading 8 elements before using them: one block reads
-// all of a query's scores, and one load in flight per warp left it waiting on memory.
-template <class T, class F>
-__device__ inline void for_each_element(const T* a, int64_t n, F f) {
-  constexpr int kUnroll = 8;
-  for (int64_t base = threadIdx.x; base < n; base += int64_t(blockDim.x) * kUnroll) {
-    T v[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) v[u] = base + u * blockDim.x < n ? a[base + u * blockDim.x] : T{};
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      if (base + u * blockDim.x < n) f(v[u], base + u * blockDim.x);
-  }
 }
 
 // Where a selection reads its candidates: for_each(f) calls f(key) for each, spread over the block.
@@ -378,14 +364,6 @@ void select_top_k(cudaStream_t stream, const float* score, int64_t n, int64_t n_
     DSV4_CUDA_LAUNCHED("indexer_select (top-k)");
     return;
   }
-  // A part's keys exceed the 48 KiB of shared memory a launch gets without asking. The backend
-  // never switches devices, so asking once per process is enough.
-  constexpr size_t kPartBytes = kPartKeys * sizeof(uint64_t);
-  [[maybe_unused]] static const bool part_memory_allowed = [] {
-    DSV4_CUDA_CHECK(cudaFuncSetAttribute(indexer_part_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         int(kPartBytes)));
-    return true;
-  }();
   indexer_part_topk_kernel<<<dim3(unsigned(parts), unsigned(n)), kSelectThreads, kPartBytes, stream>>>(
       score, n_keys, ratio, p0, k, survivors);
   DSV4_CUDA_LAUNCHED("indexer_select (top-k parts)");
@@ -424,6 +402,8 @@ void CudaBackend::indexer_select(const float* q, const float* wts, int64_t T, in
   DeviceArray<float> score(stream_, size_t(chunk * n_keys));
   const int64_t parts = top_k_parts(T, std::min(n_keys, (p0 + T) / ratio), k);
   DeviceArray<uint64_t> survivors(stream_, parts > 1 ? size_t(chunk * parts * k) : 0);
+  if (parts > 1)
+    allow_shared_memory(reinterpret_cast<const void*>(indexer_part_topk_kernel), kPartBytes, "indexer top-k parts");
   for (int64_t t0 = 0; t0 < T; t0 += chunk) {
     const int64_t n = std::min(chunk, T - t0);
     const int64_t visible_max = std::min(n_keys, (p0 + t0 + n) / ratio);

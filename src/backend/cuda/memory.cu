@@ -64,6 +64,24 @@ CudaBackend::~CudaBackend() {
 }
 
 // The driver's free memory plus what the pool holds unused (it keeps freed buffers for reuse).
+void CudaBackend::allow_shared_memory(const void* kernel, size_t bytes, const char* what) {
+  if (shared_memory_optin_ == 0) {
+    int device = 0;
+    DSV4_CUDA_CHECK(cudaGetDevice(&device));
+    DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&shared_memory_optin_, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  }
+  auto [it, first_use] = shared_memory_kernels_.try_emplace(kernel, 0);
+  if (first_use) {  // the kernel's static shared memory counts against the same limit
+    cudaFuncAttributes attributes{};
+    DSV4_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+    it->second = shared_memory_optin_ - int(attributes.sharedSizeBytes);
+    DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, it->second));
+  }
+  if (bytes > size_t(it->second))
+    fail_unsupported(cat(what, ": ", bytes, " bytes of shared memory per block needed, the device allows ",
+                         it->second));
+}
+
 size_t CudaBackend::device_memory_free() const {
   size_t free = 0, total = 0;
   DSV4_CUDA_CHECK(cudaMemGetInfo(&free, &total));

@@ -5,27 +5,18 @@
 // (rows packed on the device, attention and indexer reading packed rows).
 #include <algorithm>
 
-#include "backend/cpu/quant.h"
+#include "../../core/simulated_rows.h"
 #include "twin.h"
 
 namespace dsv4::test {
 
-// `rows` rows as the deepseek numerics store them, packed in `f` on the host: the head through
-// the FP8 (attention) or FP4 (indexer keys) simulation, the tail rounded to bf16.
+// `rows` rows as the deepseek numerics store them, packed in `f` on the host.
 std::vector<float> packed_rows(const std::string& name, const RowFormat& f, int64_t rows) {
   std::vector<float> x = random_bf16(name, size_t(rows * f.width));
+  simulate_rows(f, x.data(), rows);
   std::vector<float> stored(size_t(rows * f.stride));
-  for (int64_t r = 0; r < rows; ++r) {
-    float* row = x.data() + r * f.width;
-    for (int32_t b0 = 0; b0 < f.quant_dims; b0 += f.block()) {
-      const int64_t n = std::min(f.block(), f.quant_dims - b0);
-      if (f.kind == RowFormat::fp4)
-        cpu::fp4_sim_block(row + b0, n);
-      else
-        cpu::fp8_sim_block(row + b0, n);
-    }
-    EXPECT_TRUE(pack_row(f, row, stored.data() + r * f.stride)) << name << " row " << r;
-  }
+  for (int64_t r = 0; r < rows; ++r)
+    EXPECT_TRUE(pack_row(f, x.data() + r * f.width, stored.data() + r * f.stride)) << name << " row " << r;
   return stored;
 }
 
@@ -93,8 +84,12 @@ TEST(CudaTwin, Attention) {
       {2, 2, 512, 4000, 128, 1000, 4, 512}, // V4-Flash head size and top-k
       {2, 2, 512, 4000, 128, 1000, 4, 512, 448},  // the same over compact rows
       {9, 4, 72, 1000, 128, 7, 128, 0, 40},       // HCA over compact rows, a partial FP8 block
-      {2, 3, 512, 12000, 128, 3000, 4, 0, 448},   // thousands of rows: the split kernels, compact
-      {3, 2, 72, 10000, 128, 2500, 4},            // the split kernels over fp32 rows
+      {2, 3, 512, 12000, 128, 3000, 4, 0, 448},   // thousands of rows, few queries (tensor cores), compact
+      {3, 2, 72, 10000, 128, 2500, 4},            // few queries over fp32 rows, dims not a multiple of 16
+      {1, 64, 512, 1048000, 128, 8187, 128, 0, 448},  // V4-Flash HCA decode at 1M context
+      {2, 64, 512, 40000, 128, 10000, 4, 512, 448},   // V4-Flash CSA decode, two queries
+      {8, 70, 72, 3000, 128, 23, 128},                // the most queries on the tensor-core path; 70 heads
+      {9, 70, 72, 3000, 128, 23, 128},                // one more: one block per (query, head)
   };
   for (const AttnCase& c : cases) {
     const std::string name = "attention T" + std::to_string(c.T) + " H" + std::to_string(c.H) + " hd" +
