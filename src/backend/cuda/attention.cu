@@ -251,9 +251,9 @@ __global__ void __launch_bounds__(kAttnThreads) decode_logits_kernel(DecodeArgs 
   const QueryRows rows(a, t);
   const int64_t j0 = int64_t(blockIdx.x) * kLogitRows;
   if (j0 >= rows.n) return;  // (uniform over the block)
-  for (int64_t e = threadIdx.x; e < kLogitHeads * dims; e += blockDim.x) {
-    const int64_t hh = e / dims, d = e % dims;
-    qs[hh * pitch + d] = h0 + hh < a.H && d < hd ? double(a.q[(t * a.H + h0 + hh) * hd + d]) : 0.0;
+  for (int hh = warp; hh < kLogitHeads; hh += kAttnWarps) {  // (no 64-bit divisions: they were most of the kernel)
+    const float* qh = a.q + (t * a.H + h0 + hh) * hd;
+    for (int32_t d = lane; d < dims; d += 32) qs[hh * pitch + d] = h0 + hh < a.H && d < hd ? double(qh[d]) : 0.0;
   }
   __syncthreads();
   const int64_t jw = j0 + 16 * warp;  // this warp's rows
@@ -288,7 +288,10 @@ __global__ void __launch_bounds__(kAttnThreads) decode_logits_kernel(DecodeArgs 
       }
 }
 
-__global__ void __launch_bounds__(kAttnThreads) decode_softmax_kernel(DecodeArgs s) {
+// (1024 threads: one block per (query, head) is few blocks, and each row costs a double exp.)
+constexpr int kSoftmaxThreads = 1024;
+
+__global__ void __launch_bounds__(kSoftmaxThreads) decode_softmax_kernel(DecodeArgs s) {
   __shared__ float fscratch[32];
   __shared__ double dscratch[32];
   const AttnArgs& a = s.a;
@@ -319,10 +322,10 @@ __global__ void __launch_bounds__(kAttnThreads) decode_values_kernel(DecodeArgs 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, i = lane % 4;
   const QueryRows rows(a, t);
   if (j0 >= rows.n) return;  // (uniform over the block)
-  const float* p = s.logits + t * a.H * a.n_max;
-  for (int64_t e = threadIdx.x; e < kValueHeads * kValueRows; e += blockDim.x) {
-    const int64_t hh = e / kValueRows, jj = e % kValueRows;
-    ps[hh * kValuePitch + jj] = h0 + hh < a.H && j0 + jj < rows.n ? double(p[(h0 + hh) * a.n_max + j0 + jj]) : 0.0;
+  for (int hh = warp; hh < kValueHeads; hh += kAttnWarps) {
+    const float* ph = s.logits + (t * a.H + h0 + hh) * a.n_max + j0;
+    for (int jj = lane; jj < kValueRows; jj += 32)
+      ps[hh * kValuePitch + jj] = h0 + hh < a.H && j0 + jj < rows.n ? double(ph[jj]) : 0.0;
   }
   for (int64_t jj = threadIdx.x; jj < kValueRows; jj += blockDim.x) slice_rows[jj] = rows.row(a, t, j0 + jj);
   __syncthreads();
@@ -361,8 +364,18 @@ __global__ void decode_combine_kernel(DecodeArgs s, int64_t T) {
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t d = e % a.hd, h = e / a.hd % a.H, t = e / (a.hd * a.H);
     const int64_t used = (QueryRows(a, t).n + kValueRows - 1) / kValueRows;
+    // In slice order, 8 loads in flight (one at a time waited on memory for every slice).
+    const double* part = s.partial + (t * s.slices * a.H + h) * a.hd + d;
+    const int64_t stride = a.H * a.hd;
     double sum = 0.0;
-    for (int64_t sl = 0; sl < used; ++sl) sum += s.partial[((t * s.slices + sl) * a.H + h) * a.hd + d];
+    for (int64_t sl = 0; sl < used; sl += 8) {
+      double v[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) v[u] = sl + u < used ? part[(sl + u) * stride] : 0.0;
+#pragma unroll
+      for (int u = 0; u < 8; ++u)
+        if (sl + u < used) sum += v[u];
+    }
     a.out[e] = round_if(a.bf16, float(sum) / float(s.den[t * a.H + h]));
   }
 }
@@ -428,7 +441,7 @@ void CudaBackend::attention(const float* q, int64_t T, int64_t H, int64_t hd, in
                           unsigned((H + kLogitHeads - 1) / kLogitHeads), unsigned(T));
     logits_kernel<<<logit_grid, kAttnThreads, logit_smem, stream_>>>(d);
     DSV4_CUDA_LAUNCHED("attention (logits)");
-    decode_softmax_kernel<<<dim3(unsigned(T), unsigned(H)), kAttnThreads, 0, stream_>>>(d);
+    decode_softmax_kernel<<<dim3(unsigned(T), unsigned(H)), kSoftmaxThreads, 0, stream_>>>(d);
     DSV4_CUDA_LAUNCHED("attention (softmax)");
     const dim3 value_grid(unsigned(slices), unsigned((hd + kValueDims - 1) / kValueDims),
                           unsigned(T * ((H + kValueHeads - 1) / kValueHeads)));
