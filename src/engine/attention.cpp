@@ -101,6 +101,8 @@ void Engine::attention_sublayer(const model::LayerWeights& lw, std::span<const S
     b.indexer_fp4_sim(qi.get(), T * Hi, di);
     b.linear(ix.weights_proj, Compute::bf16, x, T, wts.get());
     b.scale(wts.get(), T * Hi, float(std::pow(double(di), -0.5) * std::pow(double(Hi), -0.5)));
+    trace(tracer, l + ".attn.indexer.q", qi.get(), {T, Hi, di});
+    trace(tracer, l + ".attn.indexer.weights", wts.get(), {T, Hi});
   }
   // CSA and HCA: the main compressor's projections.
   CompressorInput comp_in;

@@ -36,13 +36,6 @@ void PrintTo(const EngineCase& c, std::ostream* os) {
 
 class CudaEngine : public testing::TestWithParam<EngineCase> {};
 
-// Bitwise equal elements between two logit arrays.
-int64_t identical(const std::vector<float>& a, const std::vector<float>& b) {
-  int64_t n = 0;
-  for (size_t i = 0; i < a.size(); ++i) n += same_bits(a[i], b[i]);
-  return n;
-}
-
 TEST_P(CudaEngine, LogitsMatchTheReferenceAndTheCpu) {
   DSV4_REQUIRE_GPU();
   const EngineCase& c = GetParam();

@@ -233,6 +233,13 @@ inline bool same_bits(float a, float b) {
   return (std::isnan(a) && std::isnan(b)) || f32_bits(a) == f32_bits(b);
 }
 
+// Bitwise equal elements between two arrays of the same size.
+inline int64_t identical(const std::vector<float>& a, const std::vector<float>& b) {
+  int64_t n = 0;
+  for (size_t i = 0; i < a.size(); ++i) n += same_bits(a[i], b[i]);
+  return n;
+}
+
 // Runs `run` on fresh CPU and CUDA backends in `numerics` and expects bit-identical outputs
 // (or, with tolerance > 0, max|Δ| ≤ tolerance).
 inline void expect_twins(const std::string& what, Numerics numerics, const Case& run, double tolerance = 0.0) {
