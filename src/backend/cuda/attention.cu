@@ -27,7 +27,7 @@
 //   values: grid (row slices of 128, dim groups of 128, query × head groups of 64); the slice's
 //     probabilities in shared memory as doubles; 8 warps of 32 heads × 32 dims; one partial sum
 //     per slice.
-//   combine: the slices' partial sums in slice order, divided by the denominator.
+//   combine: the slices' partial sums (in a fixed order), divided by the denominator.
 // (One block per (query, head) with one warp per row, as before, re-decoded every row once per
 // head in double: 1.2 ms per HCA layer at 1M context on an H200.)
 //
@@ -237,9 +237,9 @@ struct DecodeArgs {
   double* partial;   // [T, slices, H, hd]
 };
 
-// Dims of the logits product: hd rounded up to the 16 dims of 4 permuted k-steps; the query rows'
-// pitch in shared memory is one more (odd: a fragment read touches every bank pair twice).
-__host__ __device__ inline int64_t logit_dims(int64_t hd) { return (hd + 15) / 16 * 16; }
+// Dims of the logits product: hd rounded up to the 32 dims of one iteration; the query rows' pitch
+// in shared memory is one more (odd: a fragment read touches every bank pair twice).
+__host__ __device__ inline int64_t logit_dims(int64_t hd) { return (hd + 31) / 32 * 32; }
 
 template <RowFormat::Kind K>
 __global__ void __launch_bounds__(kAttnThreads) decode_logits_kernel(DecodeArgs s) {
@@ -260,19 +260,23 @@ __global__ void __launch_bounds__(kAttnThreads) decode_logits_kernel(DecodeArgs 
   if (jw >= rows.n) return;
   const RowRef r[2] = {rows.row(a, t, jw + g), rows.row(a, t, jw + 8 + g)};
   double acc[2][2][2] = {};  // [head fragment][row fragment][element]
-  for (int64_t d16 = 0; d16 < dims; d16 += 16) {
-    const int32_t d0 = int32_t(d16) + 4 * i;
-    double b[2][4];
-    row_doubles4<K>(a, r[0], d0, b[0]);
-    row_doubles4<K>(a, r[1], d0, b[1]);
+  // 32 dims per iteration, as two permuted 16-dim steps whose 4 row loads are in flight together.
+  for (int64_t d32 = 0; d32 < dims; d32 += 32) {
+    double b[2][2][4];  // [step][row fragment][value]
 #pragma unroll
-    for (int u = 0; u < 4; ++u)
+    for (int step = 0; step < 2; ++step)
 #pragma unroll
-      for (int m = 0; m < 2; ++m) {
-        const double q = qs[(8 * m + g) * pitch + d0 + u];
-        dmma(acc[m][0], q, b[0][u]);
-        dmma(acc[m][1], q, b[1][u]);
-      }
+      for (int f = 0; f < 2; ++f) row_doubles4<K>(a, r[f], int32_t(d32) + 16 * step + 4 * i, b[step][f]);
+#pragma unroll
+    for (int step = 0; step < 2; ++step)
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          const double q = qs[(8 * m + g) * pitch + d32 + 16 * step + 4 * i + u];
+          dmma(acc[m][0], q, b[step][0][u]);
+          dmma(acc[m][1], q, b[step][1][u]);
+        }
   }
   // acc[m][f][c]: head h0 + 8m + g, row jw + 8f + 2i + c.
 #pragma unroll
@@ -335,15 +339,22 @@ __global__ void __launch_bounds__(kAttnThreads) decode_values_kernel(DecodeArgs 
   if (h0 + 32 * wm >= a.H || d_base >= a.hd) return;
   const int64_t n_rows = rows.n - j0 < kValueRows ? rows.n - j0 : kValueRows;
   double acc[4][4][2] = {};  // [head fragment][dim fragment][element]
-  for (int64_t jj = 0; jj < n_rows; jj += 4) {
-    double b[4];
-    row_doubles4<K>(a, jj + i < n_rows ? slice_rows[jj + i] : RowRef{nullptr, false}, int32_t(d_base) + 4 * g, b);
+  // 8 rows per iteration, as two k-steps of 4 whose row loads are in flight together.
+  for (int64_t jj = 0; jj < n_rows; jj += 8) {
+    double b[2][4];  // [step][dim fragment]
 #pragma unroll
-    for (int m = 0; m < 4; ++m) {
-      const double pa = ps[(32 * wm + 8 * m + g) * kValuePitch + jj + i];
-#pragma unroll
-      for (int f = 0; f < 4; ++f) dmma(acc[m][f], pa, b[f]);
+    for (int step = 0; step < 2; ++step) {
+      const int64_t j = jj + 4 * step + i;
+      row_doubles4<K>(a, j < n_rows ? slice_rows[j] : RowRef{nullptr, false}, int32_t(d_base) + 4 * g, b[step]);
     }
+#pragma unroll
+    for (int step = 0; step < 2; ++step)
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const double pa = ps[(32 * wm + 8 * m + g) * kValuePitch + jj + 4 * step + i];
+#pragma unroll
+        for (int f = 0; f < 4; ++f) dmma(acc[m][f], pa, b[step][f]);
+      }
   }
   // acc[m][f][c]: head h0 + 32·wm + 8m + g, column 2i + c of dim fragment f = dim d_base + 4(2i + c) + f.
   double* partial = s.partial + (t * s.slices + slice) * a.H * a.hd;
@@ -358,26 +369,26 @@ __global__ void __launch_bounds__(kAttnThreads) decode_values_kernel(DecodeArgs 
       }
 }
 
-__global__ void decode_combine_kernel(DecodeArgs s, int64_t T) {
+// Block (32 dims, head, query): warp w sums slices w, w + 8, … in order, then the 8 warp sums are
+// added in warp order (a fixed order: one thread summing every slice in turn waited on memory for
+// each, 31 µs over the 65 slices of an HCA layer at 1M context).
+__global__ void __launch_bounds__(kAttnThreads) decode_combine_kernel(DecodeArgs s) {
+  __shared__ double sums[kAttnWarps][32];
   const AttnArgs& a = s.a;
-  const int64_t n = T * a.H * a.hd;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t d = e % a.hd, h = e / a.hd % a.H, t = e / (a.hd * a.H);
-    const int64_t used = (QueryRows(a, t).n + kValueRows - 1) / kValueRows;
-    // In slice order, 8 loads in flight (one at a time waited on memory for every slice).
-    const double* part = s.partial + (t * s.slices * a.H + h) * a.hd + d;
-    const int64_t stride = a.H * a.hd;
-    double sum = 0.0;
-    for (int64_t sl = 0; sl < used; sl += 8) {
-      double v[8];
-#pragma unroll
-      for (int u = 0; u < 8; ++u) v[u] = sl + u < used ? part[(sl + u) * stride] : 0.0;
-#pragma unroll
-      for (int u = 0; u < 8; ++u)
-        if (sl + u < used) sum += v[u];
-    }
-    a.out[e] = round_if(a.bf16, float(sum) / float(s.den[t * a.H + h]));
-  }
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t d = int64_t(blockIdx.x) * 32 + lane, h = blockIdx.y, t = blockIdx.z;
+  const int64_t used = (QueryRows(a, t).n + kValueRows - 1) / kValueRows, stride = a.H * a.hd;
+  const double* part = s.partial + (t * s.slices * a.H + h) * a.hd + d;
+  double sum = 0.0;
+  if (d < a.hd)
+#pragma unroll 4
+    for (int64_t sl = warp; sl < used; sl += kAttnWarps) sum += part[sl * stride];
+  sums[warp][lane] = sum;
+  __syncthreads();
+  if (warp != 0 || d >= a.hd) return;
+  double total = 0.0;
+  for (int w = 0; w < kAttnWarps; ++w) total += sums[w][lane];
+  a.out[(t * a.H + h) * a.hd + d] = round_if(a.bf16, float(total) / float(s.den[t * a.H + h]));
 }
 
 }  // namespace
@@ -447,7 +458,7 @@ void CudaBackend::attention(const float* q, int64_t T, int64_t H, int64_t hd, in
                           unsigned(T * ((H + kValueHeads - 1) / kValueHeads)));
     values_kernel<<<value_grid, kAttnThreads, value_smem, stream_>>>(d);
     DSV4_CUDA_LAUNCHED("attention (values)");
-    decode_combine_kernel<<<grid_for(T * H * hd, 256), 256, 0, stream_>>>(d, T);
+    decode_combine_kernel<<<dim3(unsigned((hd + 31) / 32), unsigned(H), unsigned(T)), kAttnThreads, 0, stream_>>>(d);
     DSV4_CUDA_LAUNCHED("attention (combine)");
     return;
   }

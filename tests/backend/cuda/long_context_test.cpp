@@ -145,7 +145,7 @@ TEST(CudaLongContext, ChunkedPrefillTo256KMatchesTheCpu) {
     // The indexer's selections for those queries, over each CSA layer's keys as they were.
     for (size_t il = 0; il < seq.layers.size(); ++il) {
       if (c.ratio(int64_t(il)) != 4) continue;
-      const std::string l = "layers." + std::to_string(il);
+      const std::string l = "l" + std::to_string(il);  // the engine's trace names
       const std::vector<float>&q = indexer_inputs.at(l + ".attn.indexer.q"),
                            &wts = indexer_inputs.at(l + ".attn.indexer.weights");
       // The keys as the engine's call saw them: the CPU's copy after the same kNext tokens.
