@@ -171,8 +171,6 @@ void bench_kernels(engine::Engine& eng, const model::Linear& embed, const BenchO
 int run_bench(BenchOptions o) {
   if (o.model.empty() == o.synthetic.empty())
     fail(ErrorCode::invalid_input, "bench: give exactly one of --model DIR and --synthetic v4-flash|v4-pro");
-  // CUDA: chunks of many rows run their products on the FP64 tensor cores (gemm_dmma.cu).
-  if (o.chunk <= 0) o.chunk = o.device == "cuda" ? 2048 : 512;
   const std::vector<int64_t> prompt_lens = parse_lengths(o.prompt_lens, "--prompt-lens");
   const std::vector<int64_t> contexts = parse_lengths(o.contexts, "--contexts");
 
@@ -188,6 +186,9 @@ int run_bench(BenchOptions o) {
   for (int64_t n : prompt_lens) longest = std::max(longest, n);
   for (int64_t n : contexts) longest = std::max(longest, n + o.decode_tokens);
   auto check_plan = [&](const model::ModelConfig& config, size_t stored_bytes) {
+    if (o.chunk <= 0)
+      o.chunk = engine::choose_chunk(config, layout, backend->device_memory_free(), 1, longest,
+                                     default_chunk(o.device));
     const engine::MemoryPlan plan = engine::plan_memory(config, stored_bytes, o.chunk, layout);
     fmt::print(stderr, "{}", plan.describe(longest));
     engine::require_fits(plan, backend->device_memory_free(), backend->name(), 1, longest);
@@ -322,7 +323,9 @@ const bool registered = register_command({"bench", "Prefill and decode speed, by
                    "decode only)");
       app.add_option("--fill-prefix", o->fill_prefix, "tokens really prefilled with --fill-state")->capture_default_str();
       app.add_option("--decode-tokens", o->decode_tokens, "tokens decoded at each context")->capture_default_str();
-      app.add_option("--chunk", o->chunk, "prefill chunk in tokens (default: 2048 on cuda, 512 on cpu)");
+      app.add_option("--chunk", o->chunk,
+                     "prefill chunk in tokens (default: the largest the memory plan allows, at most 2048 on cuda, "
+                     "512 on cpu)");
       app.add_option("--json", o->json, "append one JSON line per measurement to this file");
       app.add_flag("--profile", o->profile,
                    "cuda: GPU time per op class while decoding at the largest context, printed at the end (each "

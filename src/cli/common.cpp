@@ -26,6 +26,8 @@ StateLayout state_layout_option(const std::string& option, Numerics numerics) {
   return parse_state_layout(option);
 }
 
+int64_t default_chunk(const std::string& device) { return device == "cuda" ? 2048 : 512; }
+
 std::string default_chat_model_dir() { return DSV4_CHAT_MODEL; }
 
 std::string find_tokenizer(const std::string& model_dir, const std::string& explicit_path) {

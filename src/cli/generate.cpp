@@ -27,7 +27,7 @@ struct GenerateOptions {
   std::string state_layout;  // empty: the numerics' default
   std::string device = "cpu";
   int64_t max_tokens = 16;
-  int64_t chunk = 512;
+  int64_t chunk = 0;  // 0: chosen by the memory plan
   engine::SamplingParams sampling;
   bool quiet = false;
   std::string prompt_cache;
@@ -93,10 +93,13 @@ int run_generate(const GenerateOptions& o) {
   const int64_t context = int64_t(prompt.size()) + o.max_tokens;
   const Numerics numerics = parse_numerics(o.numerics);
   const StateLayout layout = state_layout_option(o.state_layout, numerics);
-  const engine::MemoryPlan plan = engine::plan_memory(c, model->checkpoint().total_bytes(), o.chunk, layout);
-  fmt::print(stderr, "{}", plan.describe(context));
   std::unique_ptr<Backend> backend = engine::make_backend(o.device, numerics);
-  engine::require_fits(plan, backend->device_memory_free(), backend->name(), 1, context);
+  const size_t device_free = backend->device_memory_free();  // 0: host memory, not planned
+  const int64_t chunk =
+      o.chunk > 0 ? o.chunk : engine::choose_chunk(c, layout, device_free, 1, context, default_chunk(o.device));
+  const engine::MemoryPlan plan = engine::plan_memory(c, model->checkpoint().total_bytes(), chunk, layout);
+  fmt::print(stderr, "{}", plan.describe(context));
+  engine::require_fits(plan, device_free, backend->name(), 1, context);
   engine::Engine eng(*model, std::move(backend), layout);
   engine::SequenceState seq = eng.new_sequence();
   engine::Sampler sampler(o.sampling);
@@ -104,9 +107,9 @@ int run_generate(const GenerateOptions& o) {
   double prefill_s = 0;
   const Prefill prefill = [&](std::span<const int32_t> tokens) {
     const auto t0 = std::chrono::steady_clock::now();
-    std::vector<float> logits = eng.prefill(seq, tokens, o.chunk, false, [&](int64_t done, int64_t total) {
-      if (total > o.chunk) fmt::print(stderr, "\rprefill {}/{} tokens", done, total);
-      if (total > o.chunk && done == total) fmt::print(stderr, "\n");
+    std::vector<float> logits = eng.prefill(seq, tokens, chunk, false, [&](int64_t done, int64_t total) {
+      if (total > chunk) fmt::print(stderr, "\rprefill {}/{} tokens", done, total);
+      if (total > chunk && done == total) fmt::print(stderr, "\n");
     });
     prefill_s += seconds_since(t0);
     return logits;
@@ -152,7 +155,9 @@ const bool registered = register_command({"generate", "Generate tokens from a pr
       app.add_option("--numerics", o->numerics, "deepseek | plain")->capture_default_str();
       app.add_option("--state-layout", o->state_layout, kStateLayoutHelp);
       app.add_option("--device", o->device, "cpu | cuda")->capture_default_str();
-      app.add_option("--chunk", o->chunk, "prefill chunk size in tokens")->capture_default_str();
+      app.add_option("--chunk", o->chunk,
+                     "prefill chunk in tokens (default: the largest the memory plan allows, at most 2048 on cuda, "
+                     "512 on cpu)");
       app.add_flag("--quiet", o->quiet, "print only the timing");
       app.add_option("--prompt-cache", o->prompt_cache,
                      "state file: resume from it when it holds a prefix of the prompt, then save the prompt's state to it");

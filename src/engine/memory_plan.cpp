@@ -38,12 +38,14 @@ MemoryPlan plan_memory(const model::ModelConfig& c, size_t weight_bytes, int64_t
         break;
     }
   }
-  // The largest per-chunk working set: the HC state in and out, q and attention output, and
-  // the MoE's per-token expert outputs (bounded by its token chunk).
+  // The largest per-chunk working set: the HC state in and out, q and attention output, the
+  // indexer's scores of every visible key (the CUDA backend scores at most 2^26 per pass), and the
+  // MoE's per-token expert outputs (bounded by its token chunk).
   const int64_t T = std::max<int64_t>(chunk_tokens, 1);
   const double hc_state = double(T * c.hc_mult * c.hidden_size) * 2;
+  const double scores = double(std::min<int64_t>(T * (c.max_position_embeddings / 4), int64_t(1) << 26));
   const double attn = double(T * c.n_heads * c.head_dim) * 2 + double(T * c.index_topk) +
-                      double(T * (c.sliding_window + c.index_topk));
+                      double(T * (c.sliding_window + c.index_topk)) + scores;
   const double moe = double(std::min<int64_t>(T, 256) * c.n_experts_per_tok * c.hidden_size) +
                      double(T * c.moe_intermediate_size) * 2;
   p.activation_bytes = size_t((hc_state + std::max(attn, moe)) * v);
@@ -76,6 +78,20 @@ void require_fits(const MemoryPlan& plan, size_t available, const std::string& d
        device, human(double(plan.running_weight_bytes)), sequences, context_tokens, human(double(state)),
        plan.chunk_tokens, human(double(plan.activation_bytes)), human(double(needed)), human(double(available)),
        human(double(needed - available)));
+}
+
+int64_t choose_chunk(const model::ModelConfig& config, StateLayout layout, size_t available, int64_t sequences,
+                     int64_t context_tokens, int64_t max_chunk) {
+  constexpr int64_t kSmallest = 64;
+  if (available == 0 || max_chunk <= kSmallest) return max_chunk;
+  int64_t chunk = 1;
+  while (chunk * 2 <= max_chunk) chunk *= 2;
+  for (; chunk > kSmallest; chunk /= 2) {
+    const MemoryPlan plan = plan_memory(config, 0, chunk, layout);
+    const size_t state = plan.state_bytes(context_tokens) * size_t(sequences);
+    if (plan.running_weight_bytes + state + plan.activation_bytes <= available) break;
+  }
+  return chunk;
 }
 
 }  // namespace dsv4::engine

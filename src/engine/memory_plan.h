@@ -38,4 +38,12 @@ MemoryPlan plan_memory(const model::ModelConfig& config, size_t weight_bytes, in
 void require_fits(const MemoryPlan& plan, size_t available, const std::string& device, int64_t sequences,
                   int64_t context_tokens);
 
+// The prefill chunk a run takes when none is asked for: the largest power of two up to `max_chunk`
+// (and at least 64) whose activations fit beside the weights the engine runs and the state of
+// `sequences` sequences at `context_tokens` in `available` bytes, so that memory stays bounded by
+// the plan at any context. `max_chunk` when available is 0 (host memory, not planned); the
+// smallest when none fits (require_fits then names the shortfall).
+int64_t choose_chunk(const model::ModelConfig& config, StateLayout layout, size_t available, int64_t sequences,
+                     int64_t context_tokens, int64_t max_chunk);
+
 }  // namespace dsv4::engine

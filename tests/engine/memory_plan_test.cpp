@@ -66,5 +66,22 @@ TEST(MemoryPlan, CompactFlashStateAtOneMillionTokens) {
   EXPECT_EQ(compact.state_fixed_bytes, f32.state_fixed_bytes);  // the ring and the carries stay fp32
 }
 
+// Issue 6: with no chunk asked for, the plan picks the largest that fits, so a long context on a
+// full device prefills in smaller chunks instead of running out of memory.
+TEST(MemoryPlan, ChunkIsTheLargestThatFits) {
+  const model::ModelConfig c = flash(4);
+  const int64_t context = int64_t(1) << 20;
+  EXPECT_EQ(choose_chunk(c, StateLayout::compact, 0, 1, context, 512), 512);  // host memory: not planned
+  EXPECT_EQ(choose_chunk(c, StateLayout::compact, 139 * kGiB, 1, context, 2048), 2048);
+  const MemoryPlan p512 = plan_memory(c, 0, 512, StateLayout::compact);
+  const size_t fits_512 = p512.running_weight_bytes + p512.state_bytes(context) + p512.activation_bytes;
+  EXPECT_EQ(choose_chunk(c, StateLayout::compact, fits_512, 1, context, 2048), 512);
+  EXPECT_EQ(choose_chunk(c, StateLayout::compact, fits_512 - 1, 1, context, 2048), 256);
+  // Nothing fits: the smallest chunk, which require_fits then refuses naming the shortfall.
+  const int64_t smallest = choose_chunk(c, StateLayout::compact, kGiB, 1, context, 2048);
+  EXPECT_EQ(smallest, 64);
+  EXPECT_THROW(require_fits(plan_memory(c, 0, smallest, StateLayout::compact), kGiB, "cuda", 1, context), Error);
+}
+
 }  // namespace
 }  // namespace dsv4::engine
