@@ -181,6 +181,7 @@ TEST(CudaTwin, IndexerSelect) {
       {3, 8, 128, 4000, 512, false, true},  // compact keys (68 B): the integer path in deepseek
       {5, 2, 32, 300, 16, true, true},      // compact keys with ties
       {2, 64, 128, 40000, 512, false, true},  // V4-Flash indexer heads over 10 000 compact keys
+      {3, 17, 64, 3000, 64, false, true},     // compact keys: a partial tile of 16 heads, two 32-dim blocks
       // Decode splits a query's keys into parts of 8 192 (bf16 scores in deepseek tie across parts).
       {1, 8, 128, 279999, 512, false, true},  // 70 000 compact keys: 8 full parts and one of 4 464
       {2, 8, 64, 262542, 512},                // 65 636 keys: the last part holds 99 and 100, fewer than k
