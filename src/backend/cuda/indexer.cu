@@ -10,11 +10,10 @@
 //     heads in order, each head's dot a double shuffle reduction.
 //   scores over compact (FP4) keys in deepseek numerics: q and k are e2m1 · 2^e with one e per
 //     32-block, so a block's dot is 2^(e_q + e_k − 2) times a small integer sum of products of
-//     2·e2m1 values (integers in [−12, 12]): the int8 tensor cores give it exactly (one
-//     m16n8k32 product per block, heads × keys), and the few block terms, exact doubles, add to
-//     the same correctly rounded float as the double path. q is packed into the keys' format
-//     first and kept in shared memory as int8; a warp takes 8 keys at a time. (One thread per key
-//     with four-way int8 dot products, dp4a, took 133 µs over the 262 144 keys of a 1M context.)
+//     2·e2m1 values (integers in [−12, 12]): four-way int8 dot products (dp4a) give it exactly,
+//     and the few block terms, exact doubles, add to the same correctly rounded float as the
+//     double path. q is packed into the keys' format first; one thread per key, the query's
+//     codes in shared memory (every thread reads the same word: a broadcast).
 //   top-k: each candidate becomes a unique 64-bit key (order-preserving score bits above the
 //     inverted row index), so "higher score, then lower row" is plain key order. A radix select
 //     (eight 8-bit digit passes, histograms in shared memory, each pass's digit found by one warp's
@@ -74,128 +73,77 @@ __global__ void indexer_scores_kernel(const float* q, const float* wts, int64_t 
   if (lane == 0) score[t * n_keys + w] = round_if(bf16, float(acc));
 }
 
-constexpr int kFp4KeysPerBlock = 256;  // 8 warps of 4 tiles of 8 keys
-constexpr int kFp4MaxDim = 128;        // V4's index_head_dim; wider keys take the general path
-constexpr int kFp4MaxHeads = 64;       // 4 tiles of 16 (V4's index_n_heads); more take the general path
+constexpr int kFp4KeysPerBlock = 256;
+constexpr int kFp4MaxDim = 128;               // V4's index_head_dim; wider keys take the general path
+constexpr int kFp4MaxWords = kFp4MaxDim / 4;  // a key as int8 words (4 codes each)
 
-// The 2·e2m1 integers of 8 nibbles (one 32-bit word of codes, the first dim in the low nibble) as
-// two words of four int8 (dims 0–3, 4–7): the positive and the negative value of each code's
-// magnitude picked from byte tables, then one of the two by its sign bit.
+// The 2·e2m1 integers of 8 nibbles (one 32-bit word of codes) as two words of four int8.
 __device__ inline void fp4_to_int8x8(uint32_t nibbles, uint32_t& lo, uint32_t& hi) {
-  constexpr uint32_t kPos0 = 0x03020100u, kPos1 = 0x0C080604u;  // codes 0–3, 4–7: 0 1 2 3 | 4 6 8 12
-  constexpr uint32_t kNeg0 = 0xFDFEFF00u, kNeg1 = 0xF4F8FAFCu;  // their negatives
-  auto four = [&](uint32_t n) {  // four codes in the low 16 bits
-    const uint32_t magnitude = n & 0x7777u;
-    const uint32_t pos = __byte_perm(kPos0, kPos1, magnitude), neg = __byte_perm(kNeg0, kNeg1, magnitude);
-    return __byte_perm(pos, neg, 0x3210u | ((n >> 1) & 0x4444u));  // byte k from neg where code k's bit 3 is set
+  auto one = [](uint32_t c) -> uint32_t {
+    const int m = c & 7;  // magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6 doubled
+    const int v = m < 5 ? m : (m == 5 ? 6 : (m == 6 ? 8 : 12));
+    return uint32_t(uint8_t(int8_t(c & 8 ? -v : v)));
   };
-  lo = four(nibbles & 0xffffu);
-  hi = four(nibbles >> 16);
+  lo = one(nibbles) | one(nibbles >> 4) << 8 | one(nibbles >> 8) << 16 | one(nibbles >> 12) << 24;
+  hi = one(nibbles >> 16) | one(nibbles >> 20) << 8 | one(nibbles >> 24) << 16 | one(nibbles >> 28) << 24;
 }
 
 __device__ inline double pow2(int e) { return __longlong_as_double(int64_t(e + 1023) << 52); }
 
-// c += A·B over one 32-dim block on the int8 tensor cores (mma.m16n8k32.s8, exact int32 sums):
-// lane 4g + i holds a0–a3 = A[g][4i…], A[g+8][4i…], A[g][16+4i…], A[g+8][16+4i…], b0, b1 =
-// B[4i…][g], B[16+4i…][g], and c = C[g][2i], C[g][2i+1], C[g+8][2i], C[g+8][2i+1].
-__device__ __forceinline__ void imma(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                     uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-               "{%0, %1, %2, %3};"
-               : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// score[t, w] for one query t (blockIdx.x) and kFp4KeysPerBlock keys from blockIdx.y; qc: the
-// queries packed as FP4 rows (key_format), [T, heads]. A warp takes 8 keys at a time: the 32-dim
-// block sums of every (head, key) pair come from the int8 tensor cores, heads as M, keys as N, one
-// product per block (the product's K runs over a block's dims in a permuted order, the same for
-// q and k: position 4i + j is dim 8i + j, 16 + 4i + j is 8i + 4 + j, so a lane's share of a key
-// block is one 32-bit word of nibbles). Each lane then scales and sums its pairs as the scalar
-// path did, and the lanes holding other heads of the same keys are added by shuffles.
+// score[t, w] for one query t (blockIdx.x) and kFp4KeysPerBlock keys from blockIdx.y.
+// qc: the queries packed as FP4 rows (key_format), [T, heads].
 __global__ void __launch_bounds__(kFp4KeysPerBlock)
     indexer_scores_fp4_kernel(const float* qc, const float* wts, int64_t heads, RowFormat f, const float* keys,
                               int64_t n_keys, int64_t ratio, int64_t p0, float* score) {
-  constexpr int kBlocks = kFp4MaxDim / RowFormat::kFp4Block;
-  __shared__ uint32_t q_words[kFp4MaxHeads * kFp4MaxDim / 4];  // int8 codes; zero past `heads`
-  __shared__ int q_exp[kFp4MaxHeads * kBlocks];
-  __shared__ float q_wts[kFp4MaxHeads];
+  extern __shared__ uint32_t q_words[];  // [heads][words] int8 codes, then [heads][blocks] exponents
   const int64_t t = blockIdx.x;
-  const int words = f.width / 4, blocks = f.width / RowFormat::kFp4Block, head_tiles = int(heads + 15) / 16;
-  for (int i = threadIdx.x; i < head_tiles * 16 * (words / 2); i += blockDim.x) {
-    const int h = i / (words / 2), j = i % (words / 2);
-    uint32_t lo = 0, hi = 0;
-    if (h < heads) {
-      const uint8_t* row = reinterpret_cast<const uint8_t*>(qc + (t * heads + h) * f.stride);
-      fp4_to_int8x8(*reinterpret_cast<const uint32_t*>(row + 4 * j), lo, hi);
-    }
-    q_words[h * words + 2 * j] = lo, q_words[h * words + 2 * j + 1] = hi;
-  }
-  for (int i = threadIdx.x; i < head_tiles * 16 * blocks; i += blockDim.x) {
-    const int h = i / blocks, b = i % blocks;
+  const int words = f.width / 4, blocks = f.width / RowFormat::kFp4Block;
+  int* q_exp = reinterpret_cast<int*>(q_words + heads * words);
+  for (int64_t i = threadIdx.x; i < heads * (words / 2); i += blockDim.x) {
+    const int64_t h = i / (words / 2), j = i % (words / 2);
     const uint8_t* row = reinterpret_cast<const uint8_t*>(qc + (t * heads + h) * f.stride);
-    q_exp[i] = h < heads ? int(row[f.scale_offset() + b]) - 127 : 0;
+    const uint32_t nibbles = *reinterpret_cast<const uint32_t*>(row + 4 * j);
+    fp4_to_int8x8(nibbles, q_words[h * words + 2 * j], q_words[h * words + 2 * j + 1]);
   }
-  for (int h = threadIdx.x; h < head_tiles * 16; h += blockDim.x) q_wts[h] = h < heads ? wts[t * heads + h] : 0.0f;
+  for (int64_t i = threadIdx.x; i < heads * blocks; i += blockDim.x) {
+    const int64_t h = i / blocks, b = i % blocks;
+    q_exp[i] = int(reinterpret_cast<const uint8_t*>(qc + (t * heads + h) * f.stride)[f.scale_offset() + b]) - 127;
+  }
   __syncthreads();
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, i = lane % 4;
+  const int64_t w = int64_t(blockIdx.y) * kFp4KeysPerBlock + threadIdx.x;
   const int64_t visible = visible_keys(t, p0, ratio, n_keys);
-  for (int64_t n0 = int64_t(blockIdx.y) * kFp4KeysPerBlock + 32 * warp, end = n0 + 32; n0 < end && n0 < visible;
-       n0 += 8) {
-    // B: this lane's word of each block of key n0 + g.
-    uint32_t kb[kBlocks][2] = {};
-    if (n0 + g < visible) {
-      const uint8_t* key = reinterpret_cast<const uint8_t*>(keys + (n0 + g) * f.stride);
+  if (w >= visible) return;
+  const uint8_t* key = reinterpret_cast<const uint8_t*>(keys + w * f.stride);
+  uint32_t k_words[kFp4MaxWords];
+  int k_exp[kFp4MaxDim / RowFormat::kFp4Block];
 #pragma unroll
-      for (int b = 0; b < kBlocks; ++b)
-        if (b < blocks) fp4_to_int8x8(*reinterpret_cast<const uint32_t*>(key + 16 * b + 4 * i), kb[b][0], kb[b][1]);
+  for (int j = 0; j < kFp4MaxWords / 2; ++j)
+    if (j < words / 2) fp4_to_int8x8(*reinterpret_cast<const uint32_t*>(key + 4 * j), k_words[2 * j], k_words[2 * j + 1]);
+#pragma unroll
+  for (int b = 0; b < kFp4MaxDim / RowFormat::kFp4Block; ++b)
+    if (b < blocks) k_exp[b] = int(key[f.scale_offset() + b]) - 127;
+  double acc = 0.0;
+  for (int64_t h = 0; h < heads; ++h) {
+    const uint32_t* qh = q_words + h * words;
+    double dot = 0.0;
+#pragma unroll
+    for (int b = 0; b < kFp4MaxDim / RowFormat::kFp4Block; ++b) {
+      if (b >= blocks) break;
+      // The block's 8 query words in two 16-byte shared-memory loads (rows of words are 16-byte
+      // aligned: words is a multiple of 8).
+      const uint4 q0 = reinterpret_cast<const uint4*>(qh + 8 * b)[0], q1 = reinterpret_cast<const uint4*>(qh + 8 * b)[1];
+      const uint32_t* kb = k_words + 8 * b;
+      int sum = __dp4a(int(kb[0]), int(q0.x), 0);
+      sum = __dp4a(int(kb[1]), int(q0.y), sum), sum = __dp4a(int(kb[2]), int(q0.z), sum);
+      sum = __dp4a(int(kb[3]), int(q0.w), sum), sum = __dp4a(int(kb[4]), int(q1.x), sum);
+      sum = __dp4a(int(kb[5]), int(q1.y), sum), sum = __dp4a(int(kb[6]), int(q1.z), sum);
+      sum = __dp4a(int(kb[7]), int(q1.w), sum);
+      dot += double(sum) * pow2(q_exp[h * blocks + b] + k_exp[b] - 2);
     }
-    int c[kFp4MaxHeads / 16][kBlocks][4] = {};  // [head tile][block][element]
-#pragma unroll
-    for (int m = 0; m < kFp4MaxHeads / 16; ++m) {
-      if (m >= head_tiles) break;
-#pragma unroll
-      for (int b = 0; b < kBlocks; ++b) {
-        if (b >= blocks) break;
-        const uint2 top = *reinterpret_cast<const uint2*>(q_words + (16 * m + g) * words + 8 * b + 2 * i);
-        const uint2 bottom = *reinterpret_cast<const uint2*>(q_words + (16 * m + g + 8) * words + 8 * b + 2 * i);
-        imma(c[m][b], top.x, bottom.x, top.y, bottom.y, kb[b][0], kb[b][1]);
-      }
-    }
-    // c[m][b][e]: head 16m + g + 8·(e / 2), key n0 + 2i + e % 2.
-    int k_exp[2][kBlocks];
-#pragma unroll
-    for (int k2 = 0; k2 < 2; ++k2) {
-      const int64_t w = n0 + 2 * i + k2;
-      const uint32_t e = w < visible ? *reinterpret_cast<const uint32_t*>(
-                                           reinterpret_cast<const uint8_t*>(keys + w * f.stride) + f.scale_offset())
-                                     : 0u;
-#pragma unroll
-      for (int b = 0; b < kBlocks; ++b) k_exp[k2][b] = int((e >> (8 * b)) & 0xff) - 127;
-    }
-    double acc[2] = {0.0, 0.0};
-#pragma unroll
-    for (int m = 0; m < kFp4MaxHeads / 16; ++m) {
-      if (m >= head_tiles) break;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = 16 * m + g + 8 * (e / 2), k2 = e % 2;
-        if (h >= heads) continue;
-        double dot = 0.0;
-#pragma unroll
-        for (int b = 0; b < kBlocks; ++b)
-          if (b < blocks) dot += double(c[m][b][e]) * pow2(q_exp[h * blocks + b] + k_exp[k2][b] - 2);
-        const float d = round_bf16(float(dot));
-        acc[k2] += double(round_bf16(fmaxf(d, 0.0f) * q_wts[h]));
-      }
-    }
-#pragma unroll
-    for (int k2 = 0; k2 < 2; ++k2) {
-      for (int offset = 4; offset < 32; offset *= 2) acc[k2] += __shfl_xor_sync(kFullMask, acc[k2], offset);
-      const int64_t w = n0 + 2 * i + k2;
-      if (g == 0 && w < visible) score[t * n_keys + w] = round_bf16(float(acc[k2]));
-    }
+    const float d = round_bf16(float(dot));
+    acc += double(round_bf16(fmaxf(d, 0.0f) * wts[t * heads + h]));
   }
+  score[t * n_keys + w] = round_bf16(float(acc));
 }
 
 // Larger key = higher score, then lower row. −0 is folded into +0: they compare equal on the CPU.
@@ -277,8 +225,7 @@ __device__ int gather_top(const Keys& keys, int64_t n_real, int64_t k, uint64_t*
       auto count = [&](uint64_t key) {
         const unsigned digit = (key & mask) == prefix ? unsigned(key >> shift) & 0xff : 0x100;
         const unsigned peers = __match_any_sync(__activemask(), digit);
-        if (digit < 0x100 && __ffs(peers) - 1 == int(threadIdx.x % 32))
-          atomicAdd(&hist[digit], unsigned(__popc(peers)));
+        if (digit < 0x100 && __ffs(peers) - 1 == int(threadIdx.x % 32)) atomicAdd(&hist[digit], unsigned(__popc(peers)));
       };
       if (n_cand >= 0)
         StoredKeys{sel, n_cand}.for_each(count);
@@ -460,10 +407,15 @@ void CudaBackend::indexer_select(const float* q, const float* wts, int64_t T, in
     return;
   }
   // Compact keys in deepseek numerics: the exact integer path, on q packed like the keys.
-  const bool fp4_path = deepseek() && key_format.kind == RowFormat::fp4 && dim % RowFormat::kFp4Block == 0 &&
-                        dim <= kFp4MaxDim && heads <= kFp4MaxHeads;
+  const bool fp4_path =
+      deepseek() && key_format.kind == RowFormat::fp4 && dim % RowFormat::kFp4Block == 0 && dim <= kFp4MaxDim;
   DeviceArray<float> q_packed(stream_, fp4_path ? size_t(T * heads * key_format.stride) : 0);
-  if (fp4_path) pack_rows(key_format, q, T * heads, q_packed.get());
+  const size_t fp4_smem = size_t(heads) * size_t(dim / 4 + dim / RowFormat::kFp4Block) * sizeof(uint32_t);
+  if (fp4_path) {
+    pack_rows(key_format, q, T * heads, q_packed.get());
+    DSV4_CUDA_REQUIRE(fp4_smem <= 48 * 1024, "indexer_select: ", heads, " heads of ", dim, " need ", fp4_smem,
+                      " bytes of shared memory");
+  }
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(T, kScoreScratch / n_keys));
   DeviceArray<float> score(stream_, size_t(chunk * n_keys));
   const int64_t parts = top_k_parts(T, std::min(n_keys, (p0 + T) / ratio), k);
@@ -478,7 +430,7 @@ void CudaBackend::indexer_select(const float* q, const float* wts, int64_t T, in
     const int64_t visible_max = std::min(n_keys, (p0 + t0 + n) / ratio);
     if (visible_max > 0 && fp4_path) {
       const dim3 grid(unsigned(n), unsigned((visible_max + kFp4KeysPerBlock - 1) / kFp4KeysPerBlock));
-      indexer_scores_fp4_kernel<<<grid, kFp4KeysPerBlock, 0, stream_>>>(
+      indexer_scores_fp4_kernel<<<grid, kFp4KeysPerBlock, fp4_smem, stream_>>>(
           q_packed.get() + t0 * heads * key_format.stride, wts + t0 * heads, heads, key_format, keys, n_keys, ratio,
           p0 + t0, score.get());
       DSV4_CUDA_LAUNCHED("indexer_select (FP4 scores)");
