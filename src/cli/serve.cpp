@@ -40,6 +40,8 @@ struct ServeOptions {
   int64_t prefill_chunk = 256;
   int64_t memory_mb = 0;
   int64_t prefix_cache_mb = 512;
+  int64_t preempt_after_steps = 0;
+  std::string swap_dir;
   int64_t max_body_mb = 8;
   double shutdown_grace_s = 30;
   std::string test_force_output;
@@ -98,6 +100,8 @@ int run_serve(const ServeOptions& o) {
   so.prefill_chunk = o.prefill_chunk;
   so.memory_budget_bytes = memory_budget;
   so.prefix_cache_bytes = size_t(o.prefix_cache_mb) << 20;
+  so.preempt_after_steps = o.preempt_after_steps;
+  so.swap_dir = o.swap_dir;
   engine::Scheduler scheduler(eng, plan, so);
 
   server::ServerOptions sv;
@@ -155,6 +159,11 @@ const bool registered = register_command({"serve", "OpenAI-compatible HTTP serve
           ->capture_default_str();
       app.add_option("--prefix-cache-mb", o->prefix_cache_mb, "budget for prefix-reuse snapshots")
           ->capture_default_str();
+      app.add_option("--preempt-after-steps", o->preempt_after_steps,
+                     "when a request waits for room, park sequences that have run this many steps: their state "
+                     "goes to a file in --swap-dir and they resume, bit-identically, before the queue (0: never)")
+          ->capture_default_str();
+      app.add_option("--swap-dir", o->swap_dir, "where parked sequences' state goes (default: the temporary directory)");
       app.add_option("--max-body-mb", o->max_body_mb, "largest request body")->capture_default_str();
       app.add_option("--shutdown-grace", o->shutdown_grace_s, "seconds in-flight requests get after SIGTERM")
           ->capture_default_str();

@@ -87,6 +87,7 @@ class Engine {
                              const Progress& progress = {});
 
   const model::ModelConfig& config() const { return model_.config(); }
+  const model::Weights& weights() const { return model_.weights(); }
   Backend& backend() { return *backend_; }
 
  private:

@@ -1,6 +1,8 @@
 #include "engine/scheduler.h"
 
+#include <fmt/format.h>
 #include <malloc.h>
+#include <unistd.h>
 
 #include <algorithm>
 
@@ -46,12 +48,14 @@ struct Scheduler::Sequence {
   std::shared_ptr<RequestStream> stream;
   GenerationRequest request;
   size_t reserve_bytes;
-  SequenceState state;
+  std::optional<SequenceState> state;  // none while parked
   Sampler sampler;
   std::vector<int32_t> fed;  // exactly the tokens `state` holds
   int64_t cached_tokens = 0;
   int64_t n_generated = 0;
   int32_t next_token = -1;  // sampled, to be fed at the next step
+  int64_t steps_since_admission = 0;  // steps run since it was admitted or resumed
+  std::filesystem::path swap_file;    // parked: the state is here
   bool done = false;
 
   bool prefilling() const { return int64_t(fed.size()) < int64_t(request.prompt.size()); }
@@ -64,6 +68,14 @@ Scheduler::Scheduler(Engine& engine, const MemoryPlan& plan, SchedulerOptions op
       eos_(int32_t(engine.config().eos_token_id)),
       prefix_cache_(options.prefix_cache_bytes) {
   const model::ModelConfig& c = engine.config();
+  if (options_.preempt_after_steps > 0) {
+    fingerprint_ = state_fingerprint(c, engine.weights(), engine.backend().numerics(), engine.state_layout());
+    if (options_.swap_dir.empty()) options_.swap_dir = std::filesystem::temp_directory_path().string();
+    std::error_code error;
+    std::filesystem::create_directories(options_.swap_dir, error);
+    if (error || !std::filesystem::is_directory(options_.swap_dir))
+      fail(ErrorCode::invalid_input, "swap directory {}: cannot be created ({})", options_.swap_dir, error.message());
+  }
   if (options_.context <= 0 || options_.context > c.max_position_embeddings) options_.context = c.max_position_embeddings;
   options_.max_seqs = std::max<int64_t>(options_.max_seqs, 1);
   options_.prefill_chunk = std::max<int64_t>(options_.prefill_chunk, 1);
@@ -133,7 +145,7 @@ SchedulerStats Scheduler::stats() const {
 }
 
 void Scheduler::run() {
-  std::vector<std::unique_ptr<Sequence>> running;
+  Running running;
   while (true) {
     admit(running);
     if (running.empty()) {
@@ -155,34 +167,118 @@ void Scheduler::run() {
   idle_.notify_all();
 }
 
-void Scheduler::admit(std::vector<std::unique_ptr<Sequence>>& running) {
+void Scheduler::admit(Running& running) {
   const size_t budget = options_.memory_budget_bytes - workspace_bytes_;
   size_t reserved = 0;
   for (const auto& s : running) reserved += s->reserve_bytes;
+  drop_cancelled_parked();
+  auto fits = [&](size_t reserve) {
+    return int64_t(running.size()) < options_.max_seqs && reserved + reserve <= budget;
+  };
   while (true) {
-    Pending next;
+    if (!parked_.empty()) {  // parked sequences come back before any queued request
+      const size_t need = parked_.front()->reserve_bytes;
+      if (!fits(need) && !make_room(running, reserved, budget, need)) break;
+      resume(running, reserved);
+      continue;
+    }
+    bool head_fits = false;
+    size_t need = 0;
     {
       std::lock_guard lock(mutex_);
       if (queue_.empty()) break;
-      Pending& front = queue_.front();
-      if (!front.stream->cancelled() && !stopping_ &&
-          (int64_t(running.size()) >= options_.max_seqs || reserved + front.reserve_bytes > budget))
-        break;  // first come, first served: no overtaking by smaller requests
-      next = std::move(front);
+      const Pending& front = queue_.front();
+      need = front.reserve_bytes;
+      head_fits = front.stream->cancelled() || stopping_ || fits(need);
+    }
+    // First come, first served: no overtaking by smaller requests; the head may make room by
+    // parking sequences that have run long enough.
+    if (!head_fits && !make_room(running, reserved, budget, need)) break;
+    Pending next;
+    {
+      std::lock_guard lock(mutex_);
+      next = std::move(queue_.front());  // still the head: only this thread pops
       queue_.pop_front();
       stats_.queued = int64_t(queue_.size());
-      stats_.running = int64_t(running.size()) + 1;  // drain() must see it somewhere
+      stats_.running = int64_t(running.size() + parked_.size()) + 1;  // drain() must see it somewhere
     }
     if (next.stream->cancelled() || stopping_) {
       next.stream->finish({FinishReason::cancelled, {}, int64_t(next.request.prompt.size()), 0, 0});
       continue;
     }
     auto seq = std::make_unique<Sequence>(std::move(next), engine_.new_sequence());
-    seq->cached_tokens = prefix_cache_.restore_longest_prefix(seq->request.prompt, seq->state);
+    seq->cached_tokens = prefix_cache_.restore_longest_prefix(seq->request.prompt, *seq->state);
     seq->fed.assign(seq->request.prompt.begin(), seq->request.prompt.begin() + seq->cached_tokens);
     reserved += seq->reserve_bytes;
     running.push_back(std::move(seq));
   }
+}
+
+bool Scheduler::make_room(Running& running, size_t& reserved, size_t budget, size_t need) {
+  if (options_.preempt_after_steps <= 0) return false;
+  std::vector<Sequence*> eligible;
+  for (const auto& s : running)
+    if (s->steps_since_admission >= options_.preempt_after_steps) eligible.push_back(s.get());
+  std::stable_sort(eligible.begin(), eligible.end(), [](const Sequence* a, const Sequence* b) {
+    return a->steps_since_admission > b->steps_since_admission;
+  });
+  // The fewest, longest-running first, that leave room; none if even all of them would not.
+  int64_t count = int64_t(running.size());
+  size_t left = reserved;
+  size_t n_park = 0;
+  while (n_park < eligible.size() && (count >= options_.max_seqs || left + need > budget)) {
+    left -= eligible[n_park++]->reserve_bytes;
+    --count;
+  }
+  if (count >= options_.max_seqs || left + need > budget) return false;
+  for (size_t i = 0; i < n_park; ++i) {
+    Sequence* s = eligible[i];
+    s->swap_file = std::filesystem::path(options_.swap_dir) /
+                   fmt::format("dsv4-parked-{}-{}.state", int64_t(getpid()), ++swap_files_);
+    try {
+      save_state(s->swap_file, fingerprint_, s->fed, s->state->snapshot(), engine_.backend());
+    } catch (const std::exception& e) {  // a full disk: it keeps running, and the head waits
+      std::filesystem::remove(s->swap_file);
+      fmt::print(stderr, "scheduler: could not park a sequence: {}\n", e.what());
+      return false;
+    }
+    s->state.reset();  // frees its memory
+    reserved -= s->reserve_bytes;
+    ++preemptions_;
+    auto it = std::find_if(running.begin(), running.end(), [&](const auto& r) { return r.get() == s; });
+    parked_.push_back(std::move(*it));
+    running.erase(it);
+  }
+  return true;
+}
+
+void Scheduler::resume(Running& running, size_t& reserved) {
+  std::unique_ptr<Sequence> s = std::move(parked_.front());
+  parked_.pop_front();
+  try {
+    SavedState saved = load_state(s->swap_file, fingerprint_, engine_.backend());
+    if (saved.tokens != s->fed) fail(ErrorCode::internal, "{} holds other tokens", s->swap_file.string());
+    s->state.emplace(engine_.new_sequence());
+    s->state->restore(saved.snapshot);
+  } catch (const std::exception& e) {
+    std::filesystem::remove(s->swap_file);
+    finish(*s, FinishReason::error, fmt::format("resuming a preempted sequence: {}", e.what()));
+    return;
+  }
+  std::filesystem::remove(s->swap_file);
+  s->swap_file.clear();
+  s->steps_since_admission = 0;
+  reserved += s->reserve_bytes;
+  running.push_back(std::move(s));
+}
+
+void Scheduler::drop_cancelled_parked() {
+  std::erase_if(parked_, [&](const std::unique_ptr<Sequence>& s) {
+    if (!s->stream->cancelled() && !stopping_) return false;
+    std::filesystem::remove(s->swap_file);
+    finish(*s, FinishReason::cancelled);
+    return true;
+  });
 }
 
 int64_t Scheduler::next_snapshot(int64_t at, int64_t n_prompt) const {
@@ -193,7 +289,7 @@ int64_t Scheduler::next_snapshot(int64_t at, int64_t n_prompt) const {
   return std::min(next, n_prompt);
 }
 
-void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& running) {
+void Scheduler::step(Running& running) {
   for (auto& s : running)
     if (s->stream->cancelled() || stopping_) finish(*s, FinishReason::cancelled);
   std::erase_if(running, [](const auto& s) { return s->done; });
@@ -208,7 +304,7 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& running) {
   for (auto& s : running) {
     if (!s->prefilling()) {
       s->fed.push_back(s->next_token);
-      steps.push_back({&s->state, std::span<const int32_t>(&s->fed.back(), 1), LogitRows::last});
+      steps.push_back({&*s->state, std::span<const int32_t>(&s->fed.back(), 1), LogitRows::last});
       stepped.push_back(s.get());
       was_prefill.push_back(false);
     } else if (prefill_budget > 0) {
@@ -217,7 +313,7 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& running) {
       prefill_budget -= n;
       const std::span<const int32_t> chunk(s->request.prompt.data() + at, size_t(n));
       s->fed.insert(s->fed.end(), chunk.begin(), chunk.end());
-      steps.push_back({&s->state, chunk, n == left ? LogitRows::last : LogitRows::none});
+      steps.push_back({&*s->state, chunk, n == left ? LogitRows::last : LogitRows::none});
       stepped.push_back(s.get());
       was_prefill.push_back(true);
     }
@@ -236,16 +332,19 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& running) {
     Sequence& s = *stepped[i];
     const int64_t n_fed = int64_t(s.fed.size()), n_prompt = int64_t(s.request.prompt.size());
     if (was_prefill[i] && n_fed < n_prompt && next_snapshot(n_fed - 1, n_prompt) == n_fed)
-      prefix_cache_.insert(s.fed, s.state);
+      prefix_cache_.insert(s.fed, *s.state);
     if (steps[i].logits == LogitRows::none) continue;
     if (!emit_token(s, logits[i])) finish(s, s.next_token == eos_ ? FinishReason::stop : FinishReason::length);
   }
   std::erase_if(running, [](const auto& s) { return s->done; });
+  for (auto& s : running) ++s->steps_since_admission;
 
   SchedulerStats st;
-  for (const auto& s : running) st.state_bytes += s->state.bytes(), st.reserved_bytes += s->reserve_bytes;
+  for (const auto& s : running) st.state_bytes += s->state->bytes(), st.reserved_bytes += s->reserve_bytes;
   std::lock_guard lock(mutex_);
-  st.running = int64_t(running.size());
+  st.running = int64_t(running.size() + parked_.size());
+  st.parked = int64_t(parked_.size());
+  st.preemptions = preemptions_;
   st.queued = int64_t(queue_.size());
   st.prefix_cache_bytes = prefix_cache_.bytes();
   st.prefix_cache_entries = int64_t(prefix_cache_.entries());
@@ -271,7 +370,7 @@ bool Scheduler::emit_token(Sequence& s, std::span<const float> logits) {
 void Scheduler::finish(Sequence& s, FinishReason reason, std::string error) {
   // The state after the answer: the next chat turn (without thinking) extends exactly this.
   if (reason == FinishReason::stop || reason == FinishReason::length)
-    if (!s.fed.empty() && int64_t(s.fed.size()) == s.state.n_past) prefix_cache_.insert(s.fed, s.state);
+    if (s.state && !s.fed.empty() && int64_t(s.fed.size()) == s.state->n_past) prefix_cache_.insert(s.fed, *s.state);
   s.stream->finish({reason, std::move(error), int64_t(s.request.prompt.size()), s.cached_tokens, s.n_generated});
   s.done = true;
 }

@@ -7,6 +7,13 @@
 // (memory_plan.h), and the reservations of running requests plus the step's activations stay
 // within the budget. The queue in front is bounded; a full queue refuses at once (unavailable).
 //
+// Preemption (optional): when the next request in line cannot be admitted, a sequence that has run
+// long enough since it was admitted is parked: its state goes to a state file (state_file.h) and
+// its memory is freed. Parked sequences resume, in the order they were parked, before any queued
+// request is admitted, and continue bit-identically (a state file holds the state exactly). So
+// one long request (a million-token context holds gigabytes of state) cannot hold the server
+// for its whole length.
+//
 // Callers (the HTTP handlers) submit from any thread and read tokens from the request's
 // RequestStream; cancel() from any thread stops the request at the next step.
 #pragma once
@@ -15,6 +22,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -25,6 +33,7 @@
 #include "engine/memory_plan.h"
 #include "engine/prefix_cache.h"
 #include "engine/sampler.h"
+#include "engine/state_file.h"
 
 namespace dsv4::engine {
 
@@ -86,10 +95,14 @@ struct SchedulerOptions {
   size_t memory_budget_bytes = size_t(4) << 30;  // sequence state + one step's activations
   size_t prefix_cache_bytes = size_t(512) << 20;
   int64_t snapshot_interval = 256;  // prefill positions where the prefix cache keeps state
+  int64_t preempt_after_steps = 0;  // steps a sequence runs before it may be parked; 0: never
+  std::string swap_dir;             // where parked state goes; empty: the system's temporary directory
 };
 
 struct SchedulerStats {
   int64_t running = 0, queued = 0;
+  int64_t parked = 0;             // preempted, their state in files
+  int64_t preemptions = 0;        // since start
   size_t state_bytes = 0;         // state of live sequences
   size_t reserved_bytes = 0;      // what admission reserved for them
   size_t prefix_cache_bytes = 0;
@@ -120,9 +133,18 @@ class Scheduler {
   };
   struct Sequence;
 
+  using Running = std::vector<std::unique_ptr<Sequence>>;
   void run();
-  void admit(std::vector<std::unique_ptr<Sequence>>& running);
-  void step(std::vector<std::unique_ptr<Sequence>>& running);
+  void admit(Running& running);
+  // Parks the fewest sequences (longest-running since admission first, each having run
+  // preempt_after_steps) that leave room for `need` more reserved bytes and one more sequence;
+  // false, parking none, when that is not possible.
+  bool make_room(Running& running, size_t& reserved, size_t budget, size_t need);
+  // The first parked sequence back into `running` (or finished with an error if its file fails).
+  void resume(Running& running, size_t& reserved);
+  // Finishes parked sequences whose client left (all of them when stopping), deleting their files.
+  void drop_cancelled_parked();
+  void step(Running& running);
   // The first position after `at` where a prefill chunk stops for a snapshot: every
   // snapshot_interval tokens and one token before the prompt's end (capped at the prompt's end).
   int64_t next_snapshot(int64_t at, int64_t n_prompt) const;
@@ -137,6 +159,10 @@ class Scheduler {
   int32_t eos_;
   size_t workspace_bytes_;
   PrefixCache prefix_cache_;  // engine thread only
+  StateFingerprint fingerprint_;                 // of parked state files
+  std::deque<std::unique_ptr<Sequence>> parked_;  // engine thread only, in parking order
+  int64_t preemptions_ = 0;
+  int64_t swap_files_ = 0;                       // names them
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;      // the engine thread: new work or stopping

@@ -75,6 +75,8 @@ std::string Metrics::render(const engine::SchedulerStats& stats) const {
   tpot_.render(out, "dsv4_time_per_output_token_seconds", "Mean time between tokens after the first, per request.");
   gauge(out, "dsv4_running_sequences", "Sequences admitted and holding state.", double(stats.running));
   gauge(out, "dsv4_queued_requests", "Requests waiting for admission.", double(stats.queued));
+  gauge(out, "dsv4_parked_sequences", "Preempted sequences whose state waits in a file.", double(stats.parked));
+  counter(out, "dsv4_preemptions_total", "Sequences parked to make room for waiting requests.", stats.preemptions);
   gauge(out, "dsv4_sequence_state_bytes", "Memory held by live sequences' state.", double(stats.state_bytes));
   gauge(out, "dsv4_reserved_state_bytes", "State memory reserved by admission for live sequences.",
         double(stats.reserved_bytes));

@@ -1,9 +1,14 @@
 // The continuous-batching scheduler on tiny-flash: requests running together (with queueing and
 // admission mid-flight) produce the same greedy tokens as each run alone; cancellation frees the
-// sequence; a full queue refuses; a repeated prompt resumes from the prefix cache.
+// sequence; a full queue refuses; a repeated prompt resumes from the prefix cache; sequences
+// preempted to disk resume bit-identically.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <thread>
+
 #include "core/error.h"
+#include "core/formats.h"
 #include "engine/scheduler.h"
 #include "fixtures.h"
 
@@ -13,6 +18,7 @@ namespace {
 
 struct Result {
   std::vector<int32_t> tokens;
+  std::vector<float> chosen_logprobs;  // with top_logprobs ≥ 0
   Finished finished;
 };
 
@@ -20,7 +26,7 @@ Result collect(RequestStream& stream) {
   Result r;
   while (true) {
     RequestStream::Update u = stream.wait(std::chrono::milliseconds(100));
-    for (const TokenEvent& e : u.tokens) r.tokens.push_back(e.id);
+    for (const TokenEvent& e : u.tokens) r.tokens.push_back(e.id), r.chosen_logprobs.push_back(e.logprobs.chosen);
     if (u.finished) {
       r.finished = *u.finished;
       return r;
@@ -96,6 +102,67 @@ TEST_F(SchedulerTest, RepeatedPromptResumesFromThePrefixCache) {
   EXPECT_EQ(second.finished.cached_tokens, 139);
   EXPECT_EQ(second.tokens, first.tokens);
   EXPECT_EQ(second.tokens, alone(p, 5));
+}
+
+// One sequence slot, three requests: without preemption they run one after the other; with it,
+// each is parked to a state file after 3 steps whenever another waits, and they take turns. Every
+// token and its log-probability come out the same (the logits are bit-identical), the files are
+// gone afterwards, and a client that leaves while parked is finished.
+TEST_F(SchedulerTest, PreemptedSequencesResumeBitIdentically) {
+  const std::vector<std::vector<int32_t>> prompts = {prompt(6, 30), prompt(7, 9), prompt(8, 17)};
+  const std::filesystem::path swap = std::filesystem::path(testing::TempDir()) / "dsv4_scheduler_swap";
+  std::filesystem::remove_all(swap);
+  auto run = [&](int64_t preempt_after_steps) {
+    SchedulerOptions o;
+    o.max_seqs = 1;
+    o.preempt_after_steps = preempt_after_steps;
+    o.swap_dir = swap.string();
+    Scheduler scheduler(*engine_, plan_, o);
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (const auto& p : prompts) {
+      GenerationRequest r = request(p, 12);
+      r.top_logprobs = 0;
+      streams.push_back(scheduler.submit(std::move(r)));
+    }
+    std::vector<Result> results;
+    for (auto& s : streams) results.push_back(collect(*s));
+    scheduler.drain(std::chrono::milliseconds(10000));
+    EXPECT_EQ(scheduler.stats().parked, 0);
+    return std::pair{results, scheduler.stats().preemptions};
+  };
+  const auto [plain, none] = run(0);
+  const auto [turns, preemptions] = run(3);
+  EXPECT_EQ(none, 0);
+  EXPECT_GE(preemptions, 2);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(turns[i].tokens, plain[i].tokens) << "request " << i;
+    EXPECT_EQ(turns[i].tokens, alone(prompts[i], 12)) << "request " << i;
+    ASSERT_EQ(turns[i].chosen_logprobs.size(), plain[i].chosen_logprobs.size());
+    for (size_t j = 0; j < plain[i].chosen_logprobs.size(); ++j)
+      EXPECT_EQ(f32_bits(turns[i].chosen_logprobs[j]), f32_bits(plain[i].chosen_logprobs[j])) << i << ", " << j;
+    EXPECT_EQ(turns[i].finished.reason, plain[i].finished.reason);
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(swap)) << "parked state files left in " << swap;
+
+  {  // A client that leaves while its sequence is parked.
+    SchedulerOptions o;
+    o.max_seqs = 1;
+    o.preempt_after_steps = 2;
+    o.swap_dir = swap.string();
+    Scheduler scheduler(*engine_, plan_, o);
+    std::shared_ptr<RequestStream> first = scheduler.submit(request(prompt(9, 12), 100000));
+    for (size_t n = 0; n < 3;) n += first->wait(std::chrono::milliseconds(100)).tokens.size();
+    std::shared_ptr<RequestStream> second = scheduler.submit(request(prompt(10, 12), 100000));
+    while (scheduler.stats().parked == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    first->cancel();
+    second->cancel();
+    EXPECT_EQ(collect(*first).finished.reason, FinishReason::cancelled);
+    EXPECT_EQ(collect(*second).finished.reason, FinishReason::cancelled);
+    scheduler.drain(std::chrono::milliseconds(10000));
+    EXPECT_EQ(scheduler.stats().running, 0);
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(swap)) << "parked state files left in " << swap;
+  std::filesystem::remove_all(swap);
 }
 
 TEST_F(SchedulerTest, CancelFreesTheSequence) {
