@@ -14,15 +14,21 @@
 // row's K range (S chosen so that a row fills them), so a block is 8/S groups of 4 rows.
 //
 // Why it is bit-identical to the CPU in the quantized path: a tile partial is a sum of at most
-// 128 products of two e4m3 (or e4m3 and e2m1) values; each product and every partial sum is
-// exact in a double (the span is under 43 bits), so the lanes may add in any order and the
-// rounded fp32 partial is the CPU's. The weight is turned into a double by placing its bits in
-// the double's exponent and mantissa fields, which yields value · 2^-1016 (e4m3) or · 2^-1022
-// (e2m1) exactly, with e4m3 subnormals landing on double subnormals; x is pre-scaled by 2^1000 so
-// no product is subnormal, and the exact partial is scaled back by a power of two. (The e4m3 NaN
-// codes 0x7f/0xff, absent from checkpoints, decode as 480 here instead of NaN.) The fp32 tile
-// accumulation, the only order-dependent step, runs in increasing K order per output: lanes
-// write each tile's scaled partial to shared memory and one thread per output folds them.
+// 128 products of two e4m3 (or e4m3 and e2m1) values, exact in any order, so the rounded fp32
+// partial is the CPU's. FP8 weights: each product and every partial sum is exact in a double (the
+// span is under 43 bits); the weight is turned into a double by placing its bits in the double's
+// exponent and mantissa fields, which yields value · 2^-1016 exactly (e4m3 subnormals land on
+// double subnormals); x is pre-scaled by 2^1000 so no product is subnormal, and the exact partial
+// is scaled back by a power of two. (The e4m3 NaN codes 0x7f/0xff, absent from checkpoints,
+// decode as 480 here instead of NaN.) FP4 weights: integers. Every e4m3 value is k · 2^-9 with
+// |k| ≤ 448 · 2^9 (18 bits) and every e2m1 value w2 / 2 with w2 in −12 … 12, so a 32-product
+// tile is 2^-10 · Σ k·w2 with |Σ| < 2^27: phase 1 writes k as three byte planes (k = b0 + 2^8 b1
+// + 2^16 b2, b2 signed), phase 2 turns 8 nibbles into int8 with three byte permutes per four and
+// sums with four-way int8 dot products (dp4a), and float() of the int32 sum rounds it like the
+// CPU's double (about 2 integer operations per weight instead of about 7 for bit placement and a
+// DFMA). The fp32 tile accumulation, the only order-dependent step, runs in increasing K order
+// per output: lanes write each tile's scaled partial to shared memory and one thread per output
+// folds them.
 // In the double paths any summation order is allowed (device_math.cuh): each lane's double
 // partial is reduced across the warp and the S warps.
 #include <algorithm>
@@ -52,15 +58,31 @@ __host__ __device__ inline int64_t row_bytes(int format, int64_t K) {
 }
 
 // Phase 1: ActQuantFP8 of each 128-block of each source row. Grid (rows, K blocks), 128 threads,
-// one element each; the block's amax by a block-wide fmax.
-__global__ void act_quant_kernel(const float* x, int64_t x_stride, int64_t K, float* qx, float* sx) {
+// one element each; the block's amax by a block-wide fmax. The e4m3 values go to qx as floats,
+// or, for FP4 weights on the decode kernel, to `planes` as the integers k = x · 2^9 in three byte
+// planes per group of 4 (see the top; plane_words per row, K padded with zeros to whole 32-tiles).
+__global__ void act_quant_kernel(const float* x, int64_t x_stride, int64_t K, float* qx, uint32_t* planes,
+                                 int64_t plane_words, float* sx) {
   __shared__ float scratch[32];
   const int64_t m = blockIdx.x, b = blockIdx.y, k = b * 128 + threadIdx.x;
   const float v = k < K ? x[m * x_stride + k] : 0.0f;
   const float amax = block_max(fabsf(v), scratch);
   const int e = fp8_scale_exp(amax);
-  if (k < K) qx[m * K + k] = fp8_quantize(v, e);
   if (threadIdx.x == 0) sx[m * gridDim.y + b] = ldexpf(1.0f, e);
+  if (!planes) {
+    if (k < K) qx[m * K + k] = fp8_quantize(v, e);
+    return;
+  }
+  const uint32_t q = uint32_t(int32_t(fp8_quantize(v, e) * 512.0f));  // exact (zero past K)
+  // The group's 4 values to its first thread (a group is 4 lanes of one warp).
+  const uint32_t q1 = __shfl_down_sync(kFullMask, q, 1), q2 = __shfl_down_sync(kFullMask, q, 2),
+                 q3 = __shfl_down_sync(kFullMask, q, 3);
+  const int64_t group = k / 4;
+  if (threadIdx.x % 4 != 0 || 3 * group >= plane_words) return;
+  for (uint32_t p = 0; p < 3; ++p) {  // byte p of each value
+    const uint32_t pick = p | (4 + p) << 4;
+    planes[m * plane_words + 3 * group + p] = __byte_perm(__byte_perm(q, q1, pick), __byte_perm(q2, q3, pick), 0x5410);
+  }
 }
 
 struct GemmArgs {
@@ -68,7 +90,9 @@ struct GemmArgs {
   const LinearView* table;
   const int32_t* view_of_row;
   int64_t n_views;
-  const float* x;  // fp32 activations (double paths) or their e4m3 values (quantized), rows of x_stride
+  // fp32 activations (double paths), their e4m3 values (quantized, FP8 weights) or their byte
+  // planes (quantized, FP4 weights: uint32 words), rows of x_stride elements
+  const float* x;
   int64_t x_stride, x_div;
   const float* sx;  // quantized: the activation scales [src rows, K/128]
   int64_t n_k128;
@@ -116,12 +140,49 @@ __device__ inline double weight_at(const uint4& w, int e, float scale) {
     else return double(e4m3_to_f32(uint8_t(b)) * scale);
   } else if constexpr (kFmt == kFp4) {
     const uint32_t n = (word_of(w, e / 8) >> (4 * (e % 8))) & 0xf;  // low nibble first (§2.2)
-    if constexpr (kTiled) return __hiloint2double(int(((n & 7) << 19) | ((n & 8) << 28)), 0);
-    else return double(e2m1_to_f32(uint8_t(n)) * scale);
+    static_assert(!kTiled, "quantized FP4 products take the integer path (fp4_tile_partials)");
+    return double(e2m1_to_f32(uint8_t(n)) * scale);
   } else if constexpr (kFmt == kBf16) {
     return double(__uint_as_float(((word_of(w, e / 2) >> (16 * (e % 2))) & 0xffff) << 16));
   } else {
     return double(__uint_as_float(word_of(w, e)));
+  }
+}
+
+__device__ inline int dp4a_signed_unsigned(uint32_t a, uint32_t b, int c) {
+  int d;
+  asm("dp4a.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// FP4 weights, quantized: the partials of chunk c (one 32-element tile) of kRows weight rows, from
+// x's byte planes (`planes`: one activation row), as exact int32 sums (see the top).
+template <int kRowsT>
+__device__ inline void fp4_tile_partials(const uint32_t* planes, int64_t c, bool valid, const uint4 (&w)[kRowsT],
+                                         float (&partial)[kRowsT]) {
+  uint32_t xp[24];  // [group of 4 elements][plane]
+  const uint4* src = reinterpret_cast<const uint4*>(planes + 24 * c);
+#pragma unroll
+  for (int i = 0; i < 6; ++i) {
+    const uint4 v = valid ? __ldg(src + i) : make_uint4(0, 0, 0, 0);
+    xp[4 * i] = v.x, xp[4 * i + 1] = v.y, xp[4 * i + 2] = v.z, xp[4 * i + 3] = v.w;
+  }
+#pragma unroll
+  for (int r = 0; r < kRowsT; ++r) {
+    int s0 = 0, s1 = 0, s2 = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      uint32_t w8[2];
+      fp4_to_int8x8(word_of(w[r], j), w8[0], w8[1]);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t* g = xp + 3 * (2 * j + h);
+        s0 = dp4a_signed_unsigned(w8[h], g[0], s0);
+        s1 = dp4a_signed_unsigned(w8[h], g[1], s1);
+        s2 = __dp4a(int(w8[h]), int(g[2]), s2);
+      }
+    }
+    partial[r] = float(s0 + 256 * s1 + 65536 * s2) * 0x1p-10f;
   }
 }
 
@@ -171,13 +232,19 @@ __global__ void __launch_bounds__(kWarps * 32) linear_kernel(GemmArgs a) {
     for (int n = 0; n < kNT; ++n) {
       if (n >= nt) continue;
       double part[kRows] = {};
-      for (int q = 0; q < E / 4; ++q) {
-        float xv[4];
-        load_x4(a, xrow[n], c * E + 4 * q, cv, xv);
-        for (int i = 0; i < 4; ++i) {
-          const double xd = kTiled ? double(xv[i]) * 0x1p1000 : double(xv[i]);
-          // fma: the product is exact in double (see the top), so this is the rounded sum.
-          for (int r = 0; r < kRows; ++r) part[r] = fma(xd, weight_at<kFmt, kTiled>(w[r], 4 * q + i, scale[r]), part[r]);
+      float int_partial[kRows];  // FP4 tiled: the tile partials from integer sums
+      if constexpr (kFmt == kFp4 && kTiled) {
+        fp4_tile_partials(reinterpret_cast<const uint32_t*>(xrow[n]), c, cv, w, int_partial);
+      } else {
+        for (int q = 0; q < E / 4; ++q) {
+          float xv[4];
+          load_x4(a, xrow[n], c * E + 4 * q, cv, xv);
+          for (int i = 0; i < 4; ++i) {
+            const double xd = kTiled ? double(xv[i]) * 0x1p1000 : double(xv[i]);
+            // fma: the product is exact in double (see the top), so this is the rounded sum.
+            for (int r = 0; r < kRows; ++r)
+              part[r] = fma(xd, weight_at<kFmt, kTiled>(w[r], 4 * q + i, scale[r]), part[r]);
+          }
         }
       }
       if constexpr (kTiled) {
@@ -188,7 +255,7 @@ __global__ void __launch_bounds__(kWarps * 32) linear_kernel(GemmArgs a) {
           const bool writer = kFmt == kFp8 ? lane % 8 == 0 : true;
           if (writer && cv && r_base + r < a.rows) {
             const int64_t t = kFmt == kFp8 ? c / 8 : c;
-            const float partial = float(p * (kFmt == kFp8 ? 0x1p16 : 0x1p22));
+            const float partial = kFmt == kFp8 ? float(p * 0x1p16) : int_partial[r];
             const float s_x = a.sx[((m0 + n) / a.x_div) * a.n_k128 + (kFmt == kFp8 ? t : t / 4)];
             const float s_w = block_scale(W, a.row0 + r_base + r, t * (kFmt == kFp8 ? 128 : 32));
             // FP8 kernel: partial · (s_x · s_w); FP4 kernel: (partial · s_x) · s_w (§5).
@@ -280,17 +347,21 @@ void CudaBackend::gemm(const GemmRequest& r) {
   const int64_t n_src = (r.T + r.x_div - 1) / r.x_div, n_k128 = (K + 127) / 128;
   // One scratch buffer, in parts that are live together: the quantized activations, their scales
   // and the FP64 path's grouping of rows by expert (int32, as wide as a float).
-  const size_t n_qx = tiled ? (size_t(n_src * K) + 3) / 4 * 4 : 0;  // keeps the scales 16-byte aligned
+  // FP4 weights on the decode kernel read the activations as integer byte planes (see the top).
+  const bool planes = tiled && !dmma && W.format == kFp4;
+  const int64_t plane_words = planes ? (K + 31) / 32 * 24 : 0;
+  const size_t n_qx = tiled ? (size_t(n_src * (planes ? plane_words : K)) + 3) / 4 * 4 : 0;  // scales 16-byte aligned
   const size_t n_sx = tiled ? size_t(n_src * n_k128) : 0;
   const size_t n_grouping = dmma ? size_t(dmma_scratch_ints(r)) : 0;
   float* scratch = gemm_scratch(n_qx + n_sx + n_grouping);
   GemmRequest prepared = r;  // quantized: x becomes the e4m3 activations in scratch
   const float* sx = nullptr;
   if (tiled) {
-    act_quant_kernel<<<dim3(unsigned(n_src), unsigned(n_k128)), 128, 0, stream_>>>(r.x, r.x_stride, K, scratch,
-                                                                                    scratch + n_qx);
+    act_quant_kernel<<<dim3(unsigned(n_src), unsigned(n_k128)), 128, 0, stream_>>>(
+        r.x, r.x_stride, K, planes ? nullptr : scratch, planes ? reinterpret_cast<uint32_t*>(scratch) : nullptr,
+        plane_words, scratch + n_qx);
     DSV4_CUDA_LAUNCHED("linear (activation quantization)");
-    prepared.x = scratch, prepared.x_stride = K, sx = scratch + n_qx;
+    prepared.x = scratch, prepared.x_stride = planes ? plane_words : K, sx = scratch + n_qx;
   }
   if (dmma) {
     dmma_gemm(prepared, sx, round_out, reinterpret_cast<int32_t*>(scratch + n_qx + n_sx), stream_);

@@ -30,6 +30,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/quant.cuh"
 
 namespace dsv4::cuda {
 
@@ -76,17 +77,6 @@ __global__ void indexer_scores_kernel(const float* q, const float* wts, int64_t 
 constexpr int kFp4KeysPerBlock = 256;
 constexpr int kFp4MaxDim = 128;               // V4's index_head_dim; wider keys take the general path
 constexpr int kFp4MaxWords = kFp4MaxDim / 4;  // a key as int8 words (4 codes each)
-
-// The 2·e2m1 integers of 8 nibbles (one 32-bit word of codes) as two words of four int8.
-__device__ inline void fp4_to_int8x8(uint32_t nibbles, uint32_t& lo, uint32_t& hi) {
-  auto one = [](uint32_t c) -> uint32_t {
-    const int m = c & 7;  // magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6 doubled
-    const int v = m < 5 ? m : (m == 5 ? 6 : (m == 6 ? 8 : 12));
-    return uint32_t(uint8_t(int8_t(c & 8 ? -v : v)));
-  };
-  lo = one(nibbles) | one(nibbles >> 4) << 8 | one(nibbles >> 8) << 16 | one(nibbles >> 12) << 24;
-  hi = one(nibbles >> 16) | one(nibbles >> 20) << 8 | one(nibbles >> 24) << 16 | one(nibbles >> 28) << 24;
-}
 
 __device__ inline double pow2(int e) { return __longlong_as_double(int64_t(e + 1023) << 52); }
 

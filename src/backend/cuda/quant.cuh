@@ -4,6 +4,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "core/formats.h"
 
 namespace dsv4::cuda {
@@ -21,6 +23,21 @@ __device__ inline float fp8_sim(float x, int e) { return round_bf16(ldexpf(fp8_q
 __device__ inline float fp4_sim(float x, int e) {
   const float v = fminf(fmaxf(ldexpf(x, -e), -kE2m1Max), kE2m1Max);
   return round_bf16(ldexpf(round_e2m1(v), e));
+}
+
+// The 2·e2m1 integers (−12 … 12) of 8 nibbles (one 32-bit word of codes, the first in the low
+// nibble) as two words of four int8 (codes 0–3, 4–7): each code's magnitude picked, positive and
+// negated, from byte tables, then one of the two by its sign bit (three byte permutes per four).
+__device__ inline void fp4_to_int8x8(uint32_t nibbles, uint32_t& lo, uint32_t& hi) {
+  constexpr uint32_t kPos0 = 0x03020100u, kPos1 = 0x0C080604u;  // codes 0–3, 4–7: 0 1 2 3 | 4 6 8 12
+  constexpr uint32_t kNeg0 = 0xFDFEFF00u, kNeg1 = 0xF4F8FAFCu;  // their negatives
+  auto four = [](uint32_t n) {  // four codes in the low 16 bits
+    const uint32_t magnitude = n & 0x7777u;
+    const uint32_t pos = __byte_perm(kPos0, kPos1, magnitude), neg = __byte_perm(kNeg0, kNeg1, magnitude);
+    return __byte_perm(pos, neg, 0x3210u | ((n >> 1) & 0x4444u));  // byte k from neg where code k is negative
+  };
+  lo = four(nibbles & 0xffffu);
+  hi = four(nibbles >> 16);
 }
 
 }  // namespace dsv4::cuda
