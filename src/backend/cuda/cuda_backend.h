@@ -52,9 +52,6 @@ struct GemmRequest {
   float* y = nullptr;
   int64_t y_stride = 0, row0 = 0, rows = 0;
   Compute compute = Compute::f32;
-  // groups > 1: the same product for each group g with x + g·group_x, y + g·group_y and rows from
-  // row0 + g·rows (the grouped output projection: one launch on the decode kernel).
-  int64_t groups = 1, group_x = 0, group_y = 0;
 };
 
 // Stream-ordered scratch memory, freed (in stream order) when it goes out of scope.
@@ -97,8 +94,6 @@ class CudaBackend final : public Backend {
   void linear(const model::Linear& W, Compute compute, const float* x, int64_t x_stride, int64_t T, float* y,
               int64_t y_stride, int64_t row0, int64_t rows) override;
   using Backend::linear;
-  void grouped_linear(const model::Linear& W, Compute compute, const float* x, int64_t T, int64_t groups,
-                      float* y) override;
   void rms_norm(const float* x, const float* w, int64_t rows, int64_t n, double eps, float* y) override;
   void head_norm(float* q, int64_t rows, int64_t n, double eps) override;
   void scale(float* x, int64_t n, float s) override;
@@ -179,8 +174,6 @@ class CudaBackend final : public Backend {
 
   // ---- shared GEMM entry (gemm.cu), used by linear, hc and moe ----
   void gemm(const GemmRequest& r);
-  // Quantized compute (deepseek numerics) needs FP8 or FP4 weights: an error naming W otherwise.
-  void require_compute(const model::Linear& W, Compute compute) const;
   // The scratch of the GEMM in flight (its quantized activations and the FP64 path's grouping of
   // rows by expert, in disjoint parts): one buffer, grown on demand and reused by every GEMM (they
   // run in stream order), instead of allocations and frees per product.

@@ -99,7 +99,6 @@ struct GemmArgs {
   int64_t K, T;
   float* y;
   int64_t y_stride, row0, rows;
-  int64_t group_x, group_y;  // grouped products: block z's offsets (GemmRequest)
   bool round_out;
   bool w_vec, x_vec;  // rows of W / of x allow 16-byte loads (else bytewise, bounds-checked)
   int split;          // S: warps per group of 4 rows
@@ -187,12 +186,11 @@ __device__ inline void fp4_tile_partials(const uint32_t* planes, int64_t c, bool
   }
 }
 
-// Phase 2. Grid (row blocks, token groups of kNT, product groups); see the top for the work split.
-// With a table, every token row is its own group (kNT = 1) with its own matrix.
+// Phase 2. Grid (row blocks, token groups of kNT); see the top for the work split. With a table,
+// every token row is its own group (kNT = 1) with its own matrix.
 template <int kFmt, bool kTiled, int kNT>
 __global__ void __launch_bounds__(kWarps * 32) linear_kernel(GemmArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
-  a.x += blockIdx.z * a.group_x, a.y += blockIdx.z * a.group_y, a.row0 += blockIdx.z * a.rows;  // group z
   constexpr int E = chunk_elems(kFmt);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int S = a.split, G = kWarps / S, gi = warp / S, s = warp % S;
@@ -345,14 +343,6 @@ void CudaBackend::gemm(const GemmRequest& r) {
   DSV4_CUDA_REQUIRE(!tiled || W.format == kFp8 || W.format == kFp4, "linear: quantized compute needs FP8/FP4 weights");
 
   const bool dmma = r.table ? r.T >= kDmmaMinRowsPerExpert * r.n_views : r.T >= kDmmaMinRows;
-  if (r.groups > 1 && (dmma || tiled)) {  // one product per group (prefill; per-group activation scales)
-    for (int64_t g = 0; g < r.groups; ++g) {
-      GemmRequest one = r;
-      one.groups = 1, one.x = r.x + g * r.group_x, one.y = r.y + g * r.group_y, one.row0 = r.row0 + g * r.rows;
-      gemm(one);
-    }
-    return;
-  }
   const bool round_out = deepseek() && r.compute != Compute::f32;
   const int64_t n_src = (r.T + r.x_div - 1) / r.x_div, n_k128 = (K + 127) / 128;
   // One scratch buffer, in parts that are live together: the quantized activations, their scales
@@ -382,7 +372,6 @@ void CudaBackend::gemm(const GemmRequest& r) {
   a.W = W, a.table = r.table, a.view_of_row = r.view_of_row, a.n_views = r.n_views;
   a.x = prepared.x, a.x_stride = prepared.x_stride, a.x_div = r.x_div, a.sx = sx, a.n_k128 = n_k128, a.K = K, a.T = r.T;
   a.y = r.y, a.y_stride = r.y_stride, a.row0 = r.row0, a.rows = r.rows;
-  a.group_x = r.group_x, a.group_y = r.group_y;
   a.round_out = round_out;
   const int64_t nb = row_bytes(W.format, K);
   a.w_vec = nb % 16 == 0;  // device weights start 256-byte aligned (cudaMalloc)
@@ -397,10 +386,10 @@ void CudaBackend::gemm(const GemmRequest& r) {
   const int64_t rows_per_block = int64_t(kWarps / a.split) * kRows;
   const int64_t n_seq = rows_per_block * nt;
   const size_t smem = tiled ? size_t(a.n_tiles * n_seq) * sizeof(float) : size_t(a.split * n_seq) * sizeof(double);
-  const int64_t token_groups = (r.T + nt - 1) / nt, row_blocks = (r.rows + rows_per_block - 1) / rows_per_block;
-  DSV4_CUDA_REQUIRE(token_groups < 65536 && r.groups < 65536 && row_blocks < (int64_t(1) << 31) && smem <= 227 * 1024,
-                    "linear: ", r.T, " tokens × ", r.rows, " rows × K ", K, " exceed the launch limits");
-  const dim3 grid{unsigned(row_blocks), unsigned(token_groups), unsigned(r.groups)};
+  const int64_t groups = (r.T + nt - 1) / nt, row_blocks = (r.rows + rows_per_block - 1) / rows_per_block;
+  DSV4_CUDA_REQUIRE(groups < 65536 && row_blocks < (int64_t(1) << 31) && smem <= 227 * 1024, "linear: ", r.T,
+                    " tokens × ", r.rows, " rows × K ", K, " exceed the launch limits");
+  const dim3 grid{unsigned(row_blocks), unsigned(groups)};
   switch (W.format) {
     case kFp8: tiled ? launch_linear_nt<kFp8, true>(a, nt, grid, smem, stream_)
                      : launch_linear_nt<kFp8, false>(a, nt, grid, smem, stream_); break;
@@ -412,37 +401,18 @@ void CudaBackend::gemm(const GemmRequest& r) {
   DSV4_CUDA_LAUNCHED("linear");
 }
 
-void CudaBackend::require_compute(const model::Linear& W, Compute compute) const {
-  DSV4_CUDA_REQUIRE(!(deepseek() && compute == Compute::quantized) || W.format == model::WeightFormat::fp8 ||
-                        W.format == model::WeightFormat::fp4,
-                    W.name, ": quantized compute needs FP8/FP4 weights, got ", to_string(W.format));
-}
-
 void CudaBackend::linear(const model::Linear& W, Compute compute, const float* x, int64_t x_stride, int64_t T,
                          float* y, int64_t y_stride, int64_t row0, int64_t rows) {
   Timed timed(*this, "linear", W.name, double(W.bytes()) * double(rows) / double(W.out));
   DSV4_CUDA_REQUIRE(row0 >= 0 && row0 + rows <= W.out, W.name, ": rows [", row0, ", ", row0 + rows, ") of ", W.out);
-  require_compute(W, compute);
+  const bool tiled = deepseek() && compute == Compute::quantized;
+  DSV4_CUDA_REQUIRE(!tiled || W.format == model::WeightFormat::fp8 || W.format == model::WeightFormat::fp4, W.name,
+                    ": quantized compute needs FP8/FP4 weights, got ", to_string(W.format));
   GemmRequest r;
   r.W = device_linear(W);
   r.x = x, r.x_stride = x_stride, r.T = T;
   r.y = y, r.y_stride = y_stride, r.row0 = row0, r.rows = rows;
   r.compute = compute;
-  gemm(r);
-}
-
-void CudaBackend::grouped_linear(const model::Linear& W, Compute compute, const float* x, int64_t T, int64_t groups,
-                                 float* y) {
-  Timed timed(*this, "linear", W.name, double(W.bytes()));
-  DSV4_CUDA_REQUIRE(groups > 0 && W.out % groups == 0, W.name, ": ", W.out, " rows do not split into ", groups,
-                    " groups");
-  require_compute(W, compute);
-  GemmRequest r;
-  r.W = device_linear(W);
-  r.x = x, r.x_stride = groups * W.in, r.T = T;
-  r.y = y, r.y_stride = W.out, r.rows = W.out / groups;
-  r.compute = compute;
-  r.groups = groups, r.group_x = W.in, r.group_y = r.rows;
   gemm(r);
 }
 
