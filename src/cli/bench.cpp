@@ -47,6 +47,7 @@ struct BenchOptions {
   std::string prompt_lens = "512";
   std::string contexts = "4096";
   int64_t decode_tokens = 32;
+  int64_t batch = 1;  // sequences decoding together at each context
   bool fill_state = false;
   int64_t fill_prefix = 4096;
   int64_t chunk = 0;  // 0: the device's default
@@ -171,6 +172,7 @@ void bench_kernels(engine::Engine& eng, const model::Linear& embed, const BenchO
 int run_bench(BenchOptions o) {
   if (o.model.empty() == o.synthetic.empty())
     fail(ErrorCode::invalid_input, "bench: give exactly one of --model DIR and --synthetic v4-flash|v4-pro");
+  if (o.batch < 1) fail(ErrorCode::invalid_input, "bench: --batch {}: at least one sequence", o.batch);
   const std::vector<int64_t> prompt_lens = parse_lengths(o.prompt_lens, "--prompt-lens");
   const std::vector<int64_t> contexts = parse_lengths(o.contexts, "--contexts");
 
@@ -191,7 +193,7 @@ int run_bench(BenchOptions o) {
                                      default_chunk(o.device));
     const engine::MemoryPlan plan = engine::plan_memory(config, stored_bytes, o.chunk, layout);
     fmt::print(stderr, "{}", plan.describe(longest));
-    engine::require_fits(plan, backend->device_memory_free(), backend->name(), 1, longest);
+    engine::require_fits(plan, backend->device_memory_free(), backend->name(), o.batch, longest);
   };
   if (!o.synthetic.empty()) {
     std::string text = model::preset_config(o.synthetic);
@@ -219,7 +221,8 @@ int run_bench(BenchOptions o) {
   const std::string hardware = engine::device_name(o.device);
   fmt::print(stderr, "{}: {} layers, {:.2f} GB of weights, ready in {:.1f} s\n", model_name, c.n_layers,
              double(model->checkpoint().total_bytes()) / 1e9, seconds_since(t0));
-  fmt::print(stderr, "device {} ({}), numerics {}, prefill chunk {}\n", o.device, hardware, o.numerics, o.chunk);
+  fmt::print(stderr, "device {} ({}), numerics {}, prefill chunk {}, decode batch {}\n", o.device, hardware,
+             o.numerics, o.chunk, o.batch);
   fmt::print(stderr, "a decoded token reads {:.3f} GB of weights ({:.2f} G weights)\n", cost.bytes / 1e9,
              cost.elements / 1e9);
 
@@ -271,16 +274,31 @@ int run_bench(BenchOptions o) {
               {"fp8_peak_fraction", fp8_frac}});
     double decode_tps = 0, bw = 0;
     if (std::find(contexts.begin(), contexts.end(), n) != contexts.end() && o.decode_tokens > 0) {
-      int32_t next = argmax(logits);
+      // --batch B: B sequences at this context decode together, one forward_batch per step, so a
+      // step reads the weights once for B tokens. The others start as copies of this one's state.
+      std::vector<engine::SequenceState> copies;
+      copies.reserve(size_t(o.batch - 1));
+      if (o.batch > 1) {
+        const engine::StateSnapshot snapshot = seq.snapshot();
+        for (int64_t b = 1; b < o.batch; ++b) copies.push_back(eng.new_sequence()), copies.back().restore(snapshot);
+      }
+      std::vector<engine::SequenceState*> seqs = {&seq};
+      for (engine::SequenceState& s : copies) seqs.push_back(&s);
+      std::vector<int32_t> next(size_t(o.batch), argmax(logits));
       // --profile: the CUDA backend's per-op table covers decode at the largest context only.
       if (o.profile && n == *std::max_element(contexts.begin(), contexts.end())) setenv("DSV4_CUDA_PROFILE", "1", 1);
       t0 = std::chrono::steady_clock::now();
-      for (int64_t i = 0; i < o.decode_tokens; ++i)
-        next = argmax(eng.forward(seq, std::span<const int32_t>(&next, 1), false));
+      for (int64_t i = 0; i < o.decode_tokens; ++i) {
+        std::vector<engine::Step> steps;
+        for (size_t b = 0; b < seqs.size(); ++b) steps.push_back({seqs[b], std::span<const int32_t>(&next[b], 1)});
+        const std::vector<std::vector<float>> out = eng.forward_batch(steps);
+        for (size_t b = 0; b < seqs.size(); ++b) next[b] = argmax(out[b]);
+      }
       const double decode_s = seconds_since(t0);
-      decode_tps = double(o.decode_tokens) / decode_s;
-      bw = cost.bytes * decode_tps;
-      report({{"phase", "decode"}, {"context_tokens", n}, {"state", filled ? "filled" : "prefilled"}, {"batch", 1},
+      const double steps_per_s = double(o.decode_tokens) / decode_s;
+      decode_tps = double(o.batch) * steps_per_s;
+      bw = cost.bytes * steps_per_s;  // the weights are read once per step
+      report({{"phase", "decode"}, {"context_tokens", n}, {"state", filled ? "filled" : "prefilled"}, {"batch", o.batch},
               {"decode_tokens", o.decode_tokens}, {"seconds", decode_s}, {"tok_s", decode_tps},
               {"weight_bytes_per_token", cost.bytes}, {"bytes_per_s", bw}, {"hbm_bytes_per_s", o.hbm_bytes_per_s},
               {"hbm_fraction", bw / o.hbm_bytes_per_s}, {"state_bytes", seq.bytes()},
@@ -323,6 +341,10 @@ const bool registered = register_command({"bench", "Prefill and decode speed, by
                    "decode only)");
       app.add_option("--fill-prefix", o->fill_prefix, "tokens really prefilled with --fill-state")->capture_default_str();
       app.add_option("--decode-tokens", o->decode_tokens, "tokens decoded at each context")->capture_default_str();
+      app.add_option("--batch", o->batch,
+                     "sequences decoding together at each context (decode t/s counts all of them; GB/s the weights "
+                     "read per second)")
+          ->capture_default_str();
       app.add_option("--chunk", o->chunk,
                      "prefill chunk in tokens (default: the largest the memory plan allows, at most 2048 on cuda, "
                      "512 on cpu)");

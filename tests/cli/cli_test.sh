@@ -31,6 +31,9 @@ expect logits 0 "4 x 256 float32" -- "$dsv4" logits --model "$model" --input "$t
 expect logits_size 0 "" -- test "$(stat -c %s "$tmp/l.bin")" -eq $((4 * 256 * 4))
 expect bench 0 "context  prefill t/s" -- "$dsv4" bench --model "$model" --prompt-lens 8 --contexts 16 --decode-tokens 2 --json "$tmp/b.jsonl"
 expect bench_json_lines 0 "" -- test "$(grep -c '"phase":' "$tmp/b.jsonl")" -eq 2
+expect bench_batch 0 "decode batch 3" -- "$dsv4" bench --model "$model" --prompt-lens none --contexts 16 --decode-tokens 2 --batch 3 --json "$tmp/b3.jsonl"
+expect bench_batch_json 0 "" -- grep -q '"batch":3' "$tmp/b3.jsonl"
+expect bench_batch_positive 2 "batch" -- "$dsv4" bench --model "$model" --batch 0
 expect bench_needs_one_model 2 "exactly one of --model" -- "$dsv4" bench --model "$model" --synthetic v4-flash
 
 # --prompt-cache: a repeated prompt resumes one token before its end and decodes the same tokens as
