@@ -18,16 +18,33 @@
 // Few queries (decode): the heads of a query share its rows (one KV head), so logits = Q·Kᵀ and
 // the output P·V are matrix products with the heads as M, and they run on the FP64 tensor cores
 // (mma.m8n8k4.f64), each decoded row value serving every head of a block. Four kernels:
-//   logits: grid (row tiles of 128, head groups of 16, query); the block's queries in shared
-//     memory as doubles; warp w takes rows 16w … 16w+15 as two fragments of 8. The product's K
-//     runs over the dims in a permuted order (k-step 4c + u of lane i is dim 16c + 4i + u), so a
-//     lane reads 4 consecutive dims of a row with one load and uses them for 4 steps.
+//   logits: grid (row tiles, head groups of 16, query); the block's queries in shared memory as
+//     doubles (loaded with 16 loads in flight per lane). The 8 warps are (8/P row groups of 16
+//     rows, as two fragments of 8) × (P dim parts): warp (r, p) takes the 32-dim chunks p, p + P, …
+//     of the product's K, and the P parts' sums of a logit are added in part order through shared
+//     memory (P = 1: stored straight from the fragments) before the scale. The K order within a
+//     chunk is permuted (k-step 4c + u of lane i is dim 16c + 4i + u), so a lane reads 4
+//     consecutive dims of a row with one load and uses them for 4 steps.
 //   softmax: one block per (query, head): the max, the exponentials (rounded for P·V) in place of
 //     the logits, the denominator with the sink.
-//   values: grid (row slices of 128, dim groups of 128, query × head groups of 64); the slice's
-//     probabilities in shared memory as doubles; 8 warps of 32 heads × 32 dims; one partial sum
-//     per slice.
+//   values: grid (row slices of R, dim groups of 32·C, query × head groups of 64); the slice's
+//     probabilities in shared memory as doubles. The 8 warps are (4/C row groups) × (2 warp rows of
+//     32 heads) × (C warp columns of 32 dims); row group k takes the slice's rows 8k … 8k + 7, then
+//     those 32/C further on, and so on, and the groups' sums are added in group order through shared
+//     memory (C = 4: stored straight from the fragments). One partial sum per slice.
 //   combine: the slices' partial sums (in a fixed order), divided by the denominator.
+// The host picks P, and C and R (C = 4, R = 128; else C = 1, R = 128, 64 or 32), from the rows and
+// the SM count: the most work per block that still gives every SM a block. Many rows (an HCA layer
+// at 1M context, ~8 300 rows: 260 blocks of each) keep P = 1, C = 4, R = 128, where each warp walks
+// 16 rows × all dims (logits) or 128 rows (values) and the partial sums stay few (0.16 ms per layer
+// on an H200). With few rows that shape ran 4 blocks of logits and of values (18.6 and 24.2 µs for
+// the 128-row sliding window of V4-Flash: 64 heads of 512) and 20 of each for a CSA layer's 640
+// rows (49 and 30 µs): a handful of SMs, each warp a long chain of loads waiting on memory. Split
+// over dim parts and row groups, 128 rows run 32 blocks of logits (2 chunks per warp) and 64 of
+// values (R = 32: 8 rows per warp), 640 rows 160 of each (R = 64), with no more partial sums than
+// slices: splitting the rows inside a block rather than into more slices keeps the partial sums
+// (H·hd doubles per slice, written and read again by combine) from outgrowing the rows read.
+// Every split only regroups double sums of exact products (see above).
 // (One block per (query, head) with one warp per row, as before, re-decoded every row once per
 // head in double: 1.2 ms per HCA layer at 1M context on an H200.)
 //
@@ -223,73 +240,128 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a) {
 // ---- few queries (decode): the FP64 tensor cores ------------------------------------------------
 
 constexpr int kLogitHeads = 16;                      // 2 fragments of 8
-constexpr int kLogitRows = kAttnWarps * 16;          // 2 fragments of 8 per warp
-constexpr int kValueRows = 128;                      // the product's K per block (a slice)
+constexpr int kLogitRows = 16;                       // per row group (2 fragments of 8)
+constexpr int kLogitSumPitch = 36;                   // doubles per fragment element of a warp's sums (≡ 4 mod 16)
+constexpr int kValueRows = 128;                      // the most rows of a slice (the product's K per block)
 constexpr int kValueHeads = 64;                      // 2 warp rows of 4 fragments of 8
-constexpr int kValueDims = 128;                      // 4 warp columns of 4 fragments of 8
+constexpr int kValueWarpDims = 32;                   // one warp column: 4 fragments of 8 dims
+constexpr int kValueSplit = 4;                       // warp columns × row groups of a block
 constexpr int kValuePitch = kValueRows + 4;          // doubles; spreads a fragment read over all banks
+constexpr int kValueSumPitch = 34;                   // doubles per fragment element of a warp's sums (≡ 2 mod 16)
 
 struct DecodeArgs {
   AttnArgs a;
-  int64_t slices;    // of kValueRows rows
-  float* logits;     // [T, H, n_max]: logits, then probabilities
-  double* den;       // [T, H]
-  double* partial;   // [T, slices, H, hd]
+  int32_t logit_parts;  // logits: a block's warps are (8 / logit_parts row groups of 16) × (logit_parts dim parts)
+  int32_t value_cols;   // values: warp columns of 32 dims (1, 2 or 4); kValueSplit / value_cols row groups
+  int64_t value_rows;   // rows per slice: a multiple of 8 · row groups, at most kValueRows
+  int64_t slices;       // of value_rows rows
+  float* logits;        // [T, H, n_max]: logits, then probabilities
+  double* den;          // [T, H]
+  double* partial;      // [T, slices, H, hd]
 };
 
 // Dims of the logits product: hd rounded up to the 32 dims of one iteration; the query rows' pitch
 // in shared memory is one more (odd: a fragment read touches every bank pair twice).
 __host__ __device__ inline int64_t logit_dims(int64_t hd) { return (hd + 31) / 32 * 32; }
 
+// Block (row tile, head group of 16, query): warp w takes the rows 16·(w / parts) … + 15 of the
+// tile and the 32-dim chunks part, part + parts, … (part = w % parts) of the product's K.
+// (3 blocks per SM, what the queries' shared memory allows at hd = 512: left to itself, ptxas held
+// the fp8 instantiation to 64 registers and spilled.)
 template <RowFormat::Kind K>
-__global__ void __launch_bounds__(kAttnThreads) decode_logits_kernel(DecodeArgs s) {
-  extern __shared__ double qs[];  // [kLogitHeads][dims + 1], zero past H and hd
+__global__ void __launch_bounds__(kAttnThreads, 3) decode_logits_kernel(DecodeArgs s) {
+  extern __shared__ double qs[];  // [kLogitHeads][dims + 1], zero past H and hd; then the warps' sums
   const AttnArgs& a = s.a;
+  const int parts = s.logit_parts, groups = kAttnWarps / parts;
   const int64_t t = blockIdx.z, h0 = int64_t(blockIdx.y) * kLogitHeads, hd = a.hd;
-  const int64_t dims = logit_dims(hd), pitch = dims + 1;
+  const int32_t dims = int32_t(logit_dims(hd)), pitch = dims + 1;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, i = lane % 4;
   const QueryRows rows(a, t);
-  const int64_t j0 = int64_t(blockIdx.x) * kLogitRows;
+  const int64_t j0 = int64_t(blockIdx.x) * kLogitRows * groups;
   if (j0 >= rows.n) return;  // (uniform over the block)
-  for (int hh = warp; hh < kLogitHeads; hh += kAttnWarps) {  // (no 64-bit divisions: they were most of the kernel)
-    const float* qh = a.q + (t * a.H + h0 + hh) * hd;
-    for (int32_t d = lane; d < dims; d += 32) qs[hh * pitch + d] = h0 + hh < a.H && d < hd ? double(qh[d]) : 0.0;
+  // The queries: warp w the heads w and w + 8, 16 loads in flight per lane. (No 64-bit divisions:
+  // they were most of the kernel.)
+  static_assert(kLogitHeads == 2 * kAttnWarps);
+  const float* qh[2] = {a.q + (t * a.H + h0 + warp) * hd, a.q + (t * a.H + h0 + warp + 8) * hd};
+  const bool head_in[2] = {h0 + warp < a.H, h0 + warp + 8 < a.H};
+  for (int32_t d = lane; d < dims; d += 32 * 8) {
+    float v[2][8];
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int u = 0; u < 8; ++u) v[m][u] = head_in[m] && d + 32 * u < hd ? qh[m][d + 32 * u] : 0.0f;
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int u = 0; u < 8; ++u)
+        if (d + 32 * u < dims) qs[(warp + 8 * m) * pitch + d + 32 * u] = double(v[m][u]);
   }
   __syncthreads();
-  const int64_t jw = j0 + 16 * warp;  // this warp's rows
-  if (jw >= rows.n) return;
-  const RowRef r[2] = {rows.row(a, t, jw + g), rows.row(a, t, jw + 8 + g)};
+  const int part = warp % parts;
+  const int64_t jw = j0 + kLogitRows * (warp / parts);  // this warp's rows
   double acc[2][2][2] = {};  // [head fragment][row fragment][element]
-  // 32 dims per iteration, as two permuted 16-dim steps whose 4 row loads are in flight together.
-  for (int64_t d32 = 0; d32 < dims; d32 += 32) {
-    double b[2][2][4];  // [step][row fragment][value]
+  if (jw < rows.n) {
+    const RowRef r[2] = {rows.row(a, t, jw + g), rows.row(a, t, jw + 8 + g)};
+    // 32 dims per iteration, as two permuted 16-dim steps whose 4 row loads are in flight together.
+    for (int32_t d32 = 32 * part; d32 < dims; d32 += 32 * parts) {
+      double b[2][2][4];  // [step][row fragment][value]
 #pragma unroll
-    for (int step = 0; step < 2; ++step)
+      for (int step = 0; step < 2; ++step)
 #pragma unroll
-      for (int f = 0; f < 2; ++f) row_doubles4<K>(a, r[f], int32_t(d32) + 16 * step + 4 * i, b[step][f]);
+        for (int f = 0; f < 2; ++f) row_doubles4<K>(a, r[f], d32 + 16 * step + 4 * i, b[step][f]);
 #pragma unroll
-    for (int step = 0; step < 2; ++step)
+      for (int step = 0; step < 2; ++step)
 #pragma unroll
-      for (int u = 0; u < 4; ++u)
+        for (int u = 0; u < 4; ++u)
 #pragma unroll
-        for (int m = 0; m < 2; ++m) {
-          const double q = qs[(8 * m + g) * pitch + d32 + 16 * step + 4 * i + u];
-          dmma(acc[m][0], q, b[step][0][u]);
-          dmma(acc[m][1], q, b[step][1][u]);
-        }
+          for (int m = 0; m < 2; ++m) {
+            const double q = qs[(8 * m + g) * pitch + d32 + 16 * step + 4 * i + u];
+            dmma(acc[m][0], q, b[step][0][u]);
+            dmma(acc[m][1], q, b[step][1][u]);
+          }
+    }
   }
   // acc[m][f][c]: head h0 + 8m + g, row jw + 8f + 2i + c.
+  if (parts == 1) {  // (uniform over the block)
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int f = 0; f < 2; ++f)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int64_t h = h0 + 8 * m + g, j = jw + 8 * f + 2 * i + c;
+          if (h >= a.H || j >= rows.n) continue;
+          const bool present = rows.row(a, t, j).p != nullptr;
+          s.logits[(t * a.H + h) * a.n_max + j] = present ? float(acc[m][f][c]) * a.softmax_scale : -INFINITY;
+        }
+    return;
+  }
+  // The dim parts' sums, added in part order through shared memory (in place of the queries).
+  __syncthreads();
+  double* sums = qs;  // [warp][fragment element (m, f, c)][kLogitSumPitch]
 #pragma unroll
   for (int m = 0; m < 2; ++m)
 #pragma unroll
     for (int f = 0; f < 2; ++f)
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int64_t h = h0 + 8 * m + g, j = jw + 8 * f + 2 * i + c;
-        if (h >= a.H || j >= rows.n) continue;
-        const bool present = rows.row(a, t, j).p != nullptr;
-        s.logits[(t * a.H + h) * a.n_max + j] = present ? float(acc[m][f][c]) * a.softmax_scale : -INFINITY;
-      }
+      for (int c = 0; c < 2; ++c) sums[(warp * 8 + (m * 2 + f) * 2 + c) * kLogitSumPitch + lane] = acc[m][f][c];
+  __syncthreads();
+  // Warp w: heads w and w + 8 of the group, a lane per row (row jj of the tile is row 8f + 2i + c
+  // of group jj / 16: lane 4g + i of its warps, element (m, f, c)).
+  for (int hh = warp; hh < kLogitHeads; hh += kAttnWarps) {
+    const int64_t h = h0 + hh;
+    if (h >= a.H) break;
+    for (int jj = lane; jj < kLogitRows * groups; jj += 32) {
+      const int64_t j = j0 + jj;
+      if (j >= rows.n) break;
+      const int rg = jj / kLogitRows, f = jj / 8 % 2, c = jj % 2;
+      const double* src = sums + ((rg * parts * 8) + (hh / 8 * 2 + f) * 2 + c) * kLogitSumPitch + 4 * (hh % 8) + jj % 8 / 2;
+      double acc_sum = src[0];
+      for (int p = 1; p < parts; ++p) acc_sum += src[p * 8 * kLogitSumPitch];
+      const bool present = rows.row(a, t, j).p != nullptr;
+      s.logits[(t * a.H + h) * a.n_max + j] = present ? float(acc_sum) * a.softmax_scale : -INFINITY;
+    }
+  }
 }
 
 // (1024 threads: one block per (query, head) is few blocks, and each row costs a double exp.)
@@ -315,58 +387,106 @@ __global__ void __launch_bounds__(kSoftmaxThreads) decode_softmax_kernel(DecodeA
   if (threadIdx.x == 0) s.den[t * a.H + h] = den;
 }
 
+// Block (slice, dim group of 32·cols, query × head group of 64): warp w is warp row wm (32 heads),
+// warp column wn (32 dims) of row group k, w = (2k + wm)·cols + wn; row group k takes the slice's
+// rows 8k … 8k + 7, then 8 · kValueSplit / cols further on, and so on.
 template <RowFormat::Kind K>
 __global__ void __launch_bounds__(kAttnThreads) decode_values_kernel(DecodeArgs s) {
-  extern __shared__ double ps[];          // [kValueHeads][kValuePitch] the slice's probabilities
+  extern __shared__ double ps[];          // [kValueHeads][kValuePitch] the slice's probabilities; then the warps' sums
   __shared__ RowRef slice_rows[kValueRows];
   const AttnArgs& a = s.a;
-  const int64_t head_groups = (a.H + kValueHeads - 1) / kValueHeads;
+  const int cols = s.value_cols, groups = kValueSplit / cols;
+  const int64_t head_groups = (a.H + kValueHeads - 1) / kValueHeads, slice_rows_n = s.value_rows;
   const int64_t t = blockIdx.z / head_groups, h0 = blockIdx.z % head_groups * kValueHeads;
-  const int64_t slice = blockIdx.x, j0 = slice * kValueRows;
+  const int64_t slice = blockIdx.x, j0 = slice * slice_rows_n;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, i = lane % 4;
   const QueryRows rows(a, t);
   if (j0 >= rows.n) return;  // (uniform over the block)
-  for (int hh = warp; hh < kValueHeads; hh += kAttnWarps) {
-    const float* ph = s.logits + (t * a.H + h0 + hh) * a.n_max + j0;
-    for (int jj = lane; jj < kValueRows; jj += 32)
-      ps[hh * kValuePitch + jj] = h0 + hh < a.H && j0 + jj < rows.n ? double(ph[jj]) : 0.0;
+  // The probabilities: warp w the heads w, w + 8, …, all loads in flight together.
+  static_assert(kValueRows == 4 * 32 && kValueHeads == 8 * kAttnWarps);
+  {
+    float v[8][4];
+#pragma unroll
+    for (int m = 0; m < 8; ++m)
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int64_t h = h0 + warp + 8 * m, jj = lane + 32 * u;
+        v[m][u] = h < a.H && jj < slice_rows_n && j0 + jj < rows.n ? s.logits[(t * a.H + h) * a.n_max + j0 + jj] : 0.0f;
+      }
+#pragma unroll
+    for (int m = 0; m < 8; ++m)
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        if (lane + 32 * u < slice_rows_n) ps[(warp + 8 * m) * kValuePitch + lane + 32 * u] = double(v[m][u]);
   }
-  for (int64_t jj = threadIdx.x; jj < kValueRows; jj += blockDim.x) slice_rows[jj] = rows.row(a, t, j0 + jj);
+  for (int64_t jj = threadIdx.x; jj < slice_rows_n; jj += blockDim.x) slice_rows[jj] = rows.row(a, t, j0 + jj);
   __syncthreads();
-  // Warp (wm, wn): heads h0 + 32·wm + 8m + g, dims d_base + 4g + f for fragments m, f.
-  const int wm = warp / 4, wn = warp % 4;
-  const int64_t d_base = int64_t(blockIdx.y) * kValueDims + 32 * wn;
-  if (h0 + 32 * wm >= a.H || d_base >= a.hd) return;
-  const int64_t n_rows = rows.n - j0 < kValueRows ? rows.n - j0 : kValueRows;
+  // Warp (k, wm, wn): heads h0 + 32·wm + 8m + g, dims d_base + 4g + f for fragments m, f.
+  const int wn = warp % cols, wm = warp / cols % 2, k = warp / (2 * cols);
+  const int64_t d_base = int64_t(blockIdx.y) * kValueWarpDims * cols + kValueWarpDims * wn;
+  const bool active = h0 + 32 * wm < a.H && d_base < a.hd;
+  const int64_t n_rows = rows.n - j0 < slice_rows_n ? rows.n - j0 : slice_rows_n;
   double acc[4][4][2] = {};  // [head fragment][dim fragment][element]
   // 8 rows per iteration, as two k-steps of 4 whose row loads are in flight together.
-  for (int64_t jj = 0; jj < n_rows; jj += 8) {
-    double b[2][4];  // [step][dim fragment]
+  if (active)
+    for (int64_t jj = 8 * k; jj < n_rows; jj += 8 * groups) {
+      double b[2][4];  // [step][dim fragment]
 #pragma unroll
-    for (int step = 0; step < 2; ++step) {
-      const int64_t j = jj + 4 * step + i;
-      row_doubles4<K>(a, j < n_rows ? slice_rows[j] : RowRef{nullptr, false}, int32_t(d_base) + 4 * g, b[step]);
-    }
-#pragma unroll
-    for (int step = 0; step < 2; ++step)
-#pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        const double pa = ps[(32 * wm + 8 * m + g) * kValuePitch + jj + 4 * step + i];
-#pragma unroll
-        for (int f = 0; f < 4; ++f) dmma(acc[m][f], pa, b[step][f]);
+      for (int step = 0; step < 2; ++step) {
+        const int64_t j = jj + 4 * step + i;
+        row_doubles4<K>(a, j < n_rows ? slice_rows[j] : RowRef{nullptr, false}, int32_t(d_base) + 4 * g, b[step]);
       }
-  }
+#pragma unroll
+      for (int step = 0; step < 2; ++step)
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          const double pa = ps[(32 * wm + 8 * m + g) * kValuePitch + jj + 4 * step + i];
+#pragma unroll
+          for (int f = 0; f < 4; ++f) dmma(acc[m][f], pa, b[step][f]);
+        }
+    }
   // acc[m][f][c]: head h0 + 32·wm + 8m + g, column 2i + c of dim fragment f = dim d_base + 4(2i + c) + f.
   double* partial = s.partial + (t * s.slices + slice) * a.H * a.hd;
+  if (groups == 1) {  // (uniform over the block)
+    if (!active) return;
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+#pragma unroll
+      for (int f = 0; f < 4; ++f)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int64_t h = h0 + 32 * wm + 8 * m + g, d = d_base + 4 * (2 * i + c) + f;
+          if (h < a.H && d < a.hd) partial[h * a.hd + d] = acc[m][f][c];
+        }
+    return;
+  }
+  // The row groups' sums, added in group order through shared memory (in place of the probabilities).
+  __syncthreads();
+  double* sums = ps;  // [warp][fragment element (m, f, c)][kValueSumPitch]
 #pragma unroll
   for (int m = 0; m < 4; ++m)
 #pragma unroll
     for (int f = 0; f < 4; ++f)
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int64_t h = h0 + 32 * wm + 8 * m + g, d = d_base + 4 * (2 * i + c) + f;
-        if (h < a.H && d < a.hd) partial[h * a.hd + d] = acc[m][f][c];
-      }
+      for (int c = 0; c < 2; ++c) sums[(warp * 32 + (m * 4 + f) * 2 + c) * kValueSumPitch + lane] = acc[m][f][c];
+  __syncthreads();
+  // Warp w: heads w, w + 8, … of the group, a lane per dim of each warp column (dim 8i + 4c + f of
+  // a column is lane 4g + i of its warps, element (m, f, c)).
+  const int64_t d0 = int64_t(blockIdx.y) * kValueWarpDims * cols + lane;
+  const int di = lane / 8, dc = lane / 4 % 2, df = lane % 4;
+  for (int hh = warp; hh < kValueHeads; hh += kAttnWarps) {
+    const int64_t h = h0 + hh;
+    if (h >= a.H) break;
+    const int hm = hh / 32, m = hh % 32 / 8, hg = hh % 8;
+    for (int c32 = 0; c32 < cols; ++c32) {
+      const int64_t d = d0 + kValueWarpDims * c32;
+      if (d >= a.hd) break;
+      const double* src = sums + ((hm * cols + c32) * 32 + (m * 4 + df) * 2 + dc) * kValueSumPitch + 4 * hg + di;
+      double sum = src[0];
+      for (int kk = 1; kk < groups; ++kk) sum += src[kk * 2 * cols * 32 * kValueSumPitch];
+      partial[h * a.hd + d] = sum;
+    }
+  }
 }
 
 // Block (32 dims, head, query): warp w sums slices w, w + 8, … in order, then the 8 warp sums are
@@ -377,7 +497,7 @@ __global__ void __launch_bounds__(kAttnThreads) decode_combine_kernel(DecodeArgs
   const AttnArgs& a = s.a;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t d = int64_t(blockIdx.x) * 32 + lane, h = blockIdx.y, t = blockIdx.z;
-  const int64_t used = (QueryRows(a, t).n + kValueRows - 1) / kValueRows, stride = a.H * a.hd;
+  const int64_t used = (QueryRows(a, t).n + s.value_rows - 1) / s.value_rows, stride = a.H * a.hd;
   const double* part = s.partial + (t * s.slices * a.H + h) * a.hd + d;
   double sum = 0.0;
   if (d < a.hd)
@@ -436,26 +556,43 @@ void CudaBackend::attention(const float* q, int64_t T, int64_t H, int64_t hd, in
   const bool fp8_rows = comp.format.kind == RowFormat::fp8_bf16;
 
   if (T <= kFewQueries) {
-    const int64_t slices = (n_max + kValueRows - 1) / kValueRows;
+    // Launch shapes (see the top): the most work per block that still gives every SM a block.
+    const auto ceil_div = [](int64_t x, int64_t y) { return (x + y - 1) / y; };
+    const int64_t logit_heads = ceil_div(H, kLogitHeads), value_heads = ceil_div(H, kValueHeads);
+    const auto logit_blocks = [&](int parts) { return ceil_div(n_max, kLogitRows * (kAttnWarps / parts)) * logit_heads * T; };
+    const auto value_blocks = [&](int cols, int64_t rows) {
+      return ceil_div(n_max, rows) * ceil_div(hd, kValueWarpDims * cols) * T * value_heads;
+    };
+    int logit_parts = 1;
+    while (logit_parts < kAttnWarps && logit_blocks(logit_parts) < sm_count_) logit_parts *= 2;
+    int value_cols = kValueSplit;
+    int64_t value_rows = kValueRows;
+    if (value_blocks(value_cols, value_rows) < sm_count_) {
+      value_cols = 1;  // kValueSplit row groups of 8 rows
+      while (value_rows > 8 * kValueSplit && value_blocks(value_cols, value_rows) < sm_count_) value_rows /= 2;
+    }
+    const int64_t slices = ceil_div(n_max, value_rows);
     DeviceArray<float> logits(stream_, size_t(T * H * n_max));
     DeviceArray<double> den(stream_, size_t(T * H)), partial(stream_, size_t(T * slices * H * hd));
-    const DecodeArgs d{args, slices, logits.get(), den.get(), partial.get()};
-    const size_t logit_smem = size_t(kLogitHeads * (logit_dims(hd) + 1)) * sizeof(double);
-    const size_t value_smem = size_t(kValueHeads * kValuePitch) * sizeof(double);
+    const DecodeArgs d{args, logit_parts, value_cols, value_rows, slices, logits.get(), den.get(), partial.get()};
+    const size_t logit_smem =
+        size_t(std::max<int64_t>(kLogitHeads * (logit_dims(hd) + 1), kAttnWarps * 8 * kLogitSumPitch)) * sizeof(double);
+    const size_t value_smem =
+        size_t(std::max(kValueHeads * kValuePitch, kAttnWarps * 32 * kValueSumPitch)) * sizeof(double);
     const auto logits_kernel =
         fp8_rows ? decode_logits_kernel<RowFormat::fp8_bf16> : decode_logits_kernel<RowFormat::f32>;
     const auto values_kernel =
         fp8_rows ? decode_values_kernel<RowFormat::fp8_bf16> : decode_values_kernel<RowFormat::f32>;
     allow_shared_memory(reinterpret_cast<const void*>(logits_kernel), logit_smem, "attention logits");
     allow_shared_memory(reinterpret_cast<const void*>(values_kernel), value_smem, "attention values");
-    const dim3 logit_grid(unsigned((n_max + kLogitRows - 1) / kLogitRows),
-                          unsigned((H + kLogitHeads - 1) / kLogitHeads), unsigned(T));
+    const dim3 logit_grid(unsigned(ceil_div(n_max, kLogitRows * (kAttnWarps / logit_parts))), unsigned(logit_heads),
+                          unsigned(T));
     logits_kernel<<<logit_grid, kAttnThreads, logit_smem, stream_>>>(d);
     DSV4_CUDA_LAUNCHED("attention (logits)");
     decode_softmax_kernel<<<dim3(unsigned(T), unsigned(H)), kSoftmaxThreads, 0, stream_>>>(d);
     DSV4_CUDA_LAUNCHED("attention (softmax)");
-    const dim3 value_grid(unsigned(slices), unsigned((hd + kValueDims - 1) / kValueDims),
-                          unsigned(T * ((H + kValueHeads - 1) / kValueHeads)));
+    const dim3 value_grid(unsigned(slices), unsigned(ceil_div(hd, kValueWarpDims * value_cols)),
+                          unsigned(T * value_heads));
     values_kernel<<<value_grid, kAttnThreads, value_smem, stream_>>>(d);
     DSV4_CUDA_LAUNCHED("attention (values)");
     decode_combine_kernel<<<dim3(unsigned((hd + 31) / 32), unsigned(H), unsigned(T)), kAttnThreads, 0, stream_>>>(d);

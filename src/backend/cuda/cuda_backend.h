@@ -191,6 +191,7 @@ class CudaBackend final : public Backend {
   std::unordered_map<const void*, int> shared_memory_kernels_;  // kernel → dynamic bytes allowed
 
   cudaStream_t stream_ = nullptr;
+  int sm_count_ = 0;  // the device's multiprocessors (launch shapes of few-query attention)
   int* pack_inexact_ = nullptr;  // mapped host flag: pack_rows met a value its format cannot hold
   std::unordered_map<const void*, std::pair<void*, size_t>> uploads_;  // host address → (device copy, bytes)
   std::unordered_map<const void*, LinearView*> expert_tables_;         // &experts[0].w? → device views

@@ -40,6 +40,7 @@ CudaBackend::CudaBackend(Numerics numerics) : Backend(numerics) {
   cudaMemPool_t pool = nullptr;
   uint64_t keep_all = UINT64_MAX;
   DSV4_CUDA_CHECK(cudaGetDevice(&device));
+  DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
   DSV4_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
   DSV4_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all));
   DSV4_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pack_inexact_), sizeof(int), cudaHostAllocMapped));

@@ -89,6 +89,11 @@ TEST(CudaTwin, Attention) {
       {1, 64, 512, 1048000, 128, 8187, 128, 0, 448},  // V4-Flash HCA decode at 1M context
       {2, 64, 512, 40000, 128, 10000, 4, 512, 448},   // V4-Flash CSA decode, two queries
       {8, 70, 72, 3000, 128, 23, 128},                // the most queries on the tensor-core path; 70 heads
+      // V4-Flash decode with few rows (launch shapes for 132 SMs): logits in 8 dim parts, values in
+      // slices of 32 rows over 4 row groups of 8 …
+      {1, 64, 512, 5000, 128},                        // the sliding window alone: 128 rows
+      {1, 64, 512, 40000, 128, 10000, 4, 512, 448},   // … slices of 64: CSA, 640 rows with −1 entries
+      {1, 64, 512, 399999, 128, 3125, 128, 0, 448},   // 2 dim parts, slices of 128 over row groups: 3 253 rows
       {9, 70, 72, 3000, 128, 23, 128},                // one more: one block per (query, head)
   };
   for (const AttnCase& c : cases) {
