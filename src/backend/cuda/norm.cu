@@ -1,8 +1,12 @@
 // Normalisations and elementwise ops (twin of cpu/norm.cpp; architecture.md §3.0 RMSNorm, §3.3
 // per-head q norm).
 //
-// Parallelisation: one block of 256 threads per row; the sum of squares is a block-wide double
-// reduction, then threads stride over the row to write it. scale/add: one thread per element.
+// Parallelisation: one block per row, with a thread per 8 elements of the row (64 to 1024), so
+// each thread has its 8 loads in flight together (for_each_element); the sum of squares is a
+// block-wide double reduction. (256 threads each waiting on one load at a time took 11 µs for one
+// 4 096-wide row on an H200.) scale/add: one thread per element.
+#include <algorithm>
+
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_math.cuh"
 
@@ -10,7 +14,8 @@ namespace dsv4::cuda {
 
 namespace {
 
-constexpr int kRowThreads = 256;
+// Threads for one block per row of n: one per 8 elements, a whole number of warps in [64, 1024].
+unsigned row_threads(int64_t n) { return unsigned(std::clamp<int64_t>((n / 8 + 31) / 32 * 32, 64, 1024)); }
 
 // RMSNorm: v = mean(x²) in double, inv = rsqrt(fp32(v) + eps); y = w · (x · inv), the weight
 // applied before the bf16 rounding (§3.0).
@@ -19,13 +24,13 @@ __global__ void rms_norm_kernel(const float* x, const float* w, int64_t n, float
   const float* xr = x + blockIdx.x * n;
   float* yr = y + blockIdx.x * n;
   double sum = 0.0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += double(xr[i]) * double(xr[i]);
+  for_each_element(xr, n, [&](float v, int64_t) { sum += double(v) * double(v); });
   sum = block_sum(sum, scratch);
   const float inv = rsqrt_f(float(sum / double(n)) + eps);
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const float v = xr[i] * inv;
+  for_each_element(xr, n, [&](float x, int64_t i) {
+    const float v = x * inv;
     yr[i] = round_if(bf16, w ? w[i] * v : v);
-  }
+  });
 }
 
 // The weightless per-head norm in bf16 arithmetic (deepseek): q², the mean, mean + eps, the rsqrt
@@ -34,11 +39,11 @@ __global__ void head_norm_kernel(float* q, int64_t n, float eps, bool bf16) {
   __shared__ double scratch[32];
   float* qr = q + blockIdx.x * n;
   double sum = 0.0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += double(round_if(bf16, qr[i] * qr[i]));
+  for_each_element(qr, n, [&](float v, int64_t) { sum += double(round_if(bf16, v * v)); });
   sum = block_sum(sum, scratch);
   const float mean = round_if(bf16, float(sum / double(n)));
   const float inv = round_if(bf16, rsqrt_f(round_if(bf16, mean + eps)));
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) qr[i] = round_if(bf16, qr[i] * inv);
+  for_each_element(qr, n, [&](float v, int64_t i) { qr[i] = round_if(bf16, v * inv); });
 }
 
 __global__ void scale_kernel(float* x, int64_t n, float s, bool bf16) {
@@ -59,7 +64,7 @@ void CudaBackend::rms_norm(const float* x, const float* w, int64_t rows, int64_t
   DSV4_CUDA_REQUIRE(rows < (int64_t(1) << 31), "rms_norm: ", rows, " rows");
   // w is a model weight (host memory): its device copy, uploaded once.
   const float* dw = w ? static_cast<const float*>(upload(w, size_t(n) * sizeof(float))) : nullptr;
-  rms_norm_kernel<<<unsigned(rows), kRowThreads, 0, stream_>>>(x, dw, n, float(eps), deepseek(), y);
+  rms_norm_kernel<<<unsigned(rows), row_threads(n), 0, stream_>>>(x, dw, n, float(eps), deepseek(), y);
   DSV4_CUDA_LAUNCHED("rms_norm");
 }
 
@@ -67,7 +72,7 @@ void CudaBackend::head_norm(float* q, int64_t rows, int64_t n, double eps) {
   Timed timed(*this, "head_norm");
   if (rows == 0) return;
   DSV4_CUDA_REQUIRE(rows < (int64_t(1) << 31), "head_norm: ", rows, " rows");
-  head_norm_kernel<<<unsigned(rows), kRowThreads, 0, stream_>>>(q, n, float(eps), deepseek());
+  head_norm_kernel<<<unsigned(rows), row_threads(n), 0, stream_>>>(q, n, float(eps), deepseek());
   DSV4_CUDA_LAUNCHED("head_norm");
 }
 

@@ -7,7 +7,7 @@ namespace dsv4::test {
 
 TEST(CudaTwin, RmsNorm) {
   DSV4_REQUIRE_GPU();
-  for (auto [rows, n] : {std::pair{1, 1}, {17, 31}, {7, 256}, {3, 4096}, {2, 1000}})
+  for (auto [rows, n] : {std::pair{1, 1}, {17, 31}, {7, 256}, {3, 4096}, {2, 1000}, {1, 16384}})
     for (bool weighted : {true, false}) {
       const std::string name = "rms_norm " + std::to_string(rows) + "x" + std::to_string(n) + (weighted ? "" : " bare");
       const std::vector<float> x = random_bf16(name + ".x", size_t(rows * n), 3.0f);
@@ -62,7 +62,9 @@ TEST(CudaTwin, Rope) {
     int64_t n_groups, group, row_stride, pos0, pos_step;
   };
   for (const C& c : {C{&plain, 1, 1, 64, 0, 1}, C{&plain, 31, 4, 128, 5, 1}, C{&yarn, 7, 1, 512, 1000, 4},
-                     C{&yarn, 9, 4, 128, 1048000, 1}, C{&tiny, 5, 3, 7, 123456, 128}})
+                     C{&yarn, 9, 4, 128, 1048000, 1}, C{&tiny, 5, 3, 7, 123456, 128},
+                     // many heads per group: blocks of 8 heads, the last one partial
+                     C{&yarn, 1, 64, 512, 4095, 1}, C{&plain, 2, 19, 64, 77, 1}})
     for (bool inverse : {false, true}) {
       const std::string name = "rope " + std::to_string(c.n_groups) + "x" + std::to_string(c.group) + "x" +
                                std::to_string(c.row_stride) + " p" + std::to_string(c.pos0) + "+" +
