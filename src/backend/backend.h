@@ -97,6 +97,12 @@ class Backend {
   void linear(const model::Linear& W, Compute compute, const float* x, int64_t T, float* y) {
     linear(W, compute, x, W.in, T, y, W.out, 0, W.out);
   }
+  // The grouped output projection (§3.3): for each g < groups, rows [g·R, (g+1)·R) of W (R =
+  // W.out / groups) take columns [g·W.in, (g+1)·W.in) of x (rows groups·W.in wide) to columns
+  // [g·R, (g+1)·R) of y (rows W.out wide). By definition `groups` linear calls (the default); a
+  // device backend may run them as one.
+  virtual void grouped_linear(const model::Linear& W, Compute compute, const float* x, int64_t T, int64_t groups,
+                              float* y);
 
   // y = w ⊙ x · rsqrt(mean(x²) + eps) per row of n (w may be null: weightless).
   virtual void rms_norm(const float* x, const float* w, int64_t rows, int64_t n, double eps, float* y) = 0;

@@ -150,10 +150,9 @@ void Engine::attention_sublayer(const model::LayerWeights& lw, std::span<const S
 
   // Grouped output projection: group g maps its heads' concatenated outputs through rows
   // [g·o_lora, (g+1)·o_lora) of wo_a (a bf16 product in the reference), then wo_b mixes the groups.
-  const int64_t G = c.o_groups, R = c.o_lora_rank, in_g = H * hd / G;
+  const int64_t G = c.o_groups, R = c.o_lora_rank;
   Buffer z(b, size_t(T * G * R)), out(b, size_t(T * D));
-  for (int64_t g = 0; g < G; ++g)
-    b.linear(aw.wo_a, Compute::bf16, o.get() + g * in_g, H * hd, T, z.get() + g * R, G * R, g * R, R);
+  b.grouped_linear(aw.wo_a, Compute::bf16, o.get(), T, G, z.get());
   b.linear(aw.wo_b, Compute::quantized, z.get(), T, out.get());
   trace(tracer, l + ".attn.out", out.get(), {T, D});
 

@@ -94,6 +94,8 @@ class CudaBackend final : public Backend {
   void linear(const model::Linear& W, Compute compute, const float* x, int64_t x_stride, int64_t T, float* y,
               int64_t y_stride, int64_t row0, int64_t rows) override;
   using Backend::linear;
+  void grouped_linear(const model::Linear& W, Compute compute, const float* x, int64_t T, int64_t groups,
+                      float* y) override;
   void rms_norm(const float* x, const float* w, int64_t rows, int64_t n, double eps, float* y) override;
   void head_norm(float* q, int64_t rows, int64_t n, double eps) override;
   void scale(float* x, int64_t n, float s) override;
@@ -171,6 +173,14 @@ class CudaBackend final : public Backend {
   LinearView device_linear(const model::Linear& W);
   // A device array of views, one per routed expert, of w1, w3 or w2 (`which` = 1, 3, 2).
   const LinearView* device_expert_table(const model::MoeWeights& m, int which);
+  // A device array of `groups` views of W, view g its rows [g·R, (g+1)·R) (R = W.out / groups).
+  const LinearView* device_group_table(const model::Linear& W, int64_t groups);
+  // The device copy of `views`, made once per key and kept (tables_).
+  const LinearView* device_views(std::pair<const void*, int64_t> key, const std::vector<LinearView>& views);
+  // n ids cycling through 0 … period − 1 (the grouped product's view of each row), kept and grown.
+  const int32_t* cyclic_ids(int64_t period, int64_t n);
+  int32_t* cyclic_ids_ = nullptr;
+  int64_t cyclic_period_ = 0, cyclic_n_ = 0;
 
   // ---- shared GEMM entry (gemm.cu), used by linear, hc and moe ----
   void gemm(const GemmRequest& r);
@@ -188,13 +198,13 @@ class CudaBackend final : public Backend {
   // or fails, naming `what`, when `bytes` is more than that.
   void allow_shared_memory(const void* kernel, size_t bytes, const char* what);
   int shared_memory_optin_ = 0;
+  int sm_count_ = 0;  // multiprocessors of the device: a kernel with fewer blocks leaves some idle
   std::unordered_map<const void*, int> shared_memory_kernels_;  // kernel → dynamic bytes allowed
 
   cudaStream_t stream_ = nullptr;
-  int sm_count_ = 0;  // the device's multiprocessors (launch shapes of few-query attention)
   int* pack_inexact_ = nullptr;  // mapped host flag: pack_rows met a value its format cannot hold
   std::unordered_map<const void*, std::pair<void*, size_t>> uploads_;  // host address → (device copy, bytes)
-  std::unordered_map<const void*, LinearView*> expert_tables_;         // &experts[0].w? → device views
+  std::map<std::pair<const void*, int64_t>, LinearView*> tables_;  // (&experts[0].w? or &W, groups) → views
 };
 
 }  // namespace dsv4::cuda

@@ -30,7 +30,10 @@
 // per output: lanes write each tile's scaled partial to shared memory and one thread per output
 // folds them.
 // In the double paths any summation order is allowed (device_math.cuh): each lane's double
-// partial is reduced across the warp and the S warps.
+// partial is reduced across the warp and the S warps. A product with few rows (hc_pre's mix: 24
+// rows over K = 16 384, 6 blocks, 34 µs per call on an H200) also splits K across blocks: grid z
+// holds P parts of the chunks, each block writes its double sums to scratch, and a second kernel
+// adds the P parts in order and rounds.
 #include <algorithm>
 
 #include "backend/cuda/cuda_backend.h"
@@ -52,9 +55,6 @@ constexpr int64_t kDmmaMinRows = 32, kDmmaMinRowsPerExpert = 4;
 // Weight elements in a 16-byte chunk of a row.
 __host__ __device__ constexpr int chunk_elems(int format) {
   return format == kFp8 ? 16 : format == kFp4 ? 32 : format == kBf16 ? 8 : 4;
-}
-__host__ __device__ inline int64_t row_bytes(int format, int64_t K) {
-  return format == kFp8 ? K : format == kFp4 ? K / 2 : format == kBf16 ? 2 * K : 4 * K;
 }
 
 // Phase 1: ActQuantFP8 of each 128-block of each source row. Grid (rows, K blocks), 128 threads,
@@ -103,6 +103,8 @@ struct GemmArgs {
   bool w_vec, x_vec;  // rows of W / of x allow 16-byte loads (else bytewise, bounds-checked)
   int split;          // S: warps per group of 4 rows
   int64_t n_chunks;   // 16-byte chunks per weight row (the last may be partial)
+  int64_t part_chunks;  // chunks per K part (grid z); all of them when K is not split
+  double* parts;        // K split: the parts' double sums [part][T][rows], instead of y
   int64_t n_tiles;    // quantized: K tiles per row
 };
 
@@ -217,9 +219,10 @@ __global__ void __launch_bounds__(kWarps * 32) linear_kernel(GemmArgs a) {
   float* contrib = reinterpret_cast<float*>(smem);  // quantized: [tile][n_seq]
   double dacc[kRows][kNT] = {};                       // double paths: this lane's partial sums
 
-  for (int64_t c0 = int64_t(s) * 32; c0 < a.n_chunks; c0 += 32 * S) {
+  const int64_t c_begin = int64_t(blockIdx.z) * a.part_chunks, c_end = min(a.n_chunks, c_begin + a.part_chunks);
+  for (int64_t c0 = c_begin + int64_t(s) * 32; c0 < c_end; c0 += 32 * S) {
     const int64_t c = c0 + lane;
-    const bool cv = c < a.n_chunks;
+    const bool cv = c < c_end;
     uint4 w[kRows];
     float scale[kRows];
     for (int r = 0; r < kRows; ++r) {
@@ -290,36 +293,51 @@ __global__ void __launch_bounds__(kWarps * 32) linear_kernel(GemmArgs a) {
       const double* dpart = reinterpret_cast<const double*>(smem);
       double v = 0.0;
       for (int i = 0; i < S; ++i) v += dpart[i * n_seq + q];
-      *y = a.round_out ? round_bf16(float(v)) : float(v);
+      if (a.parts) a.parts[(int64_t(blockIdx.z) * a.T + m0 + n) * a.rows + row] = v;
+      else *y = a.round_out ? round_bf16(float(v)) : float(v);
     }
   }
 }
 
-// embed: one block per token; threads over D (grid-stride), the row copied to every stream.
+// K split: y = the sum of the P parts' double sums, in part order, rounded once.
+__global__ void fold_parts_kernel(const double* parts, int64_t P, int64_t T, int64_t rows, float* y, int64_t y_stride,
+                                  bool round_out) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= T * rows) return;
+  double v = 0.0;
+  for (int64_t p = 0; p < P; ++p) v += parts[p * T * rows + i];
+  y[(i / rows) * y_stride + i % rows] = round_out ? round_bf16(float(v)) : float(v);
+}
+
+// embed: grid (token, slice of kEmbedThreads of D), one element per thread, copied to every
+// stream. (One block per token striding over D took 11 µs per decoded token on an H200.)
+constexpr int kEmbedThreads = 256;
 __global__ void embed_kernel(LinearView table, const int32_t* tokens, int64_t hc, float* X) {
-  const int64_t t = blockIdx.x, D = table.in;
-  const int64_t id = tokens[t];
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
-    const float v = dequantized(table, id, d);
-    for (int64_t h = 0; h < hc; ++h) X[(t * hc + h) * D + d] = v;
+  const int64_t t = blockIdx.x, D = table.in, d = int64_t(blockIdx.y) * kEmbedThreads + threadIdx.x;
+  if (d >= D) return;
+  const float v = dequantized(table, tokens[t], d);
+  for (int64_t h = 0; h < hc; ++h) X[(t * hc + h) * D + d] = v;
+}
+
+using LinearKernel = void (*)(GemmArgs);
+
+template <int kFmt, bool kTiled>
+LinearKernel linear_kernel_for_tokens(int nt) {
+  switch (nt) {
+    case 1: return linear_kernel<kFmt, kTiled, 1>;
+    case 2: return linear_kernel<kFmt, kTiled, 2>;
+    case 4: return linear_kernel<kFmt, kTiled, 4>;
+    default: return linear_kernel<kFmt, kTiled, kMaxTokens>;
   }
 }
 
-
-template <int kFmt, bool kTiled, int kNT>
-void launch_linear(const GemmArgs& a, dim3 grid, size_t smem, cudaStream_t stream) {
-  auto kernel = linear_kernel<kFmt, kTiled, kNT>;
-  if (smem > 48 * 1024) DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  kernel<<<grid, kWarps * 32, smem, stream>>>(a);
-}
-
-template <int kFmt, bool kTiled>
-void launch_linear_nt(const GemmArgs& a, int nt, dim3 grid, size_t smem, cudaStream_t stream) {
-  switch (nt) {
-    case 1: return launch_linear<kFmt, kTiled, 1>(a, grid, smem, stream);
-    case 2: return launch_linear<kFmt, kTiled, 2>(a, grid, smem, stream);
-    case 4: return launch_linear<kFmt, kTiled, 4>(a, grid, smem, stream);
-    default: return launch_linear<kFmt, kTiled, kMaxTokens>(a, grid, smem, stream);
+// The phase-2 kernel for a weight format, the quantized path or not, and nt token rows per group.
+LinearKernel linear_kernel_for(int format, bool tiled, int nt) {
+  switch (format) {
+    case kFp8: return tiled ? linear_kernel_for_tokens<kFp8, true>(nt) : linear_kernel_for_tokens<kFp8, false>(nt);
+    case kFp4: return tiled ? linear_kernel_for_tokens<kFp4, true>(nt) : linear_kernel_for_tokens<kFp4, false>(nt);
+    case kBf16: return linear_kernel_for_tokens<kBf16, false>(nt);
+    default: return linear_kernel_for_tokens<kF32, false>(nt);
   }
 }
 
@@ -353,7 +371,21 @@ void CudaBackend::gemm(const GemmRequest& r) {
   const size_t n_qx = tiled ? (size_t(n_src * (planes ? plane_words : K)) + 3) / 4 * 4 : 0;  // scales 16-byte aligned
   const size_t n_sx = tiled ? size_t(n_src * n_k128) : 0;
   const size_t n_grouping = dmma ? size_t(dmma_scratch_ints(r)) : 0;
-  float* scratch = gemm_scratch(n_qx + n_sx + n_grouping);
+
+  // The decode kernel's shape (see the top): S warps per group of 4 rows, nt token rows per group
+  // (one with a table: each row has its own matrix), and P parts of K when that is the only way
+  // to fill the GPU (double paths without a table; each lane keeps at least one chunk).
+  const int64_t nb = row_bytes(W.format, K), n_chunks = (nb + 15) / 16;
+  int split = 1;
+  while (split < kWarps && int64_t(split) * 32 < n_chunks) split *= 2;
+  const int nt = r.table ? 1 : r.T <= 1 ? 1 : r.T <= 2 ? 2 : r.T <= 4 ? 4 : kMaxTokens;
+  const int64_t rows_per_block = int64_t(kWarps / split) * kRows;
+  const int64_t groups = (r.T + nt - 1) / nt, row_blocks = (r.rows + rows_per_block - 1) / rows_per_block;
+  int64_t P = 1;
+  if (!dmma && !tiled && !r.table)
+    P = std::clamp<int64_t>(2 * sm_count_ / (groups * row_blocks), 1, std::max<int64_t>(1, n_chunks / (32 * split)));
+  const size_t n_parts = P > 1 ? size_t(2 * P * r.T * r.rows) : 0;  // doubles
+  float* scratch = gemm_scratch(n_qx + n_sx + std::max(n_grouping, n_parts));
   GemmRequest prepared = r;  // quantized: x becomes the e4m3 activations in scratch
   const float* sx = nullptr;
   if (tiled) {
@@ -373,32 +405,27 @@ void CudaBackend::gemm(const GemmRequest& r) {
   a.x = prepared.x, a.x_stride = prepared.x_stride, a.x_div = r.x_div, a.sx = sx, a.n_k128 = n_k128, a.K = K, a.T = r.T;
   a.y = r.y, a.y_stride = r.y_stride, a.row0 = r.row0, a.rows = r.rows;
   a.round_out = round_out;
-  const int64_t nb = row_bytes(W.format, K);
   a.w_vec = nb % 16 == 0;  // device weights start 256-byte aligned (cudaMalloc)
-  a.n_chunks = (nb + 15) / 16;
+  a.n_chunks = n_chunks;
   a.n_tiles = tiled ? (K + (W.format == kFp4 ? 31 : 127)) / (W.format == kFp4 ? 32 : 128) : 0;
-  a.split = 1;
-  while (a.split < kWarps && int64_t(a.split) * 32 < a.n_chunks) a.split *= 2;
+  a.split = split;
   a.x_vec = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && a.x_stride % 4 == 0;
+  a.part_chunks = (n_chunks + P - 1) / P;
+  a.parts = P > 1 ? reinterpret_cast<double*>(scratch + n_qx + n_sx) : nullptr;
 
-  // Token rows per group: one with a table (each row has its own matrix), else up to 8.
-  const int nt = r.table ? 1 : r.T <= 1 ? 1 : r.T <= 2 ? 2 : r.T <= 4 ? 4 : kMaxTokens;
-  const int64_t rows_per_block = int64_t(kWarps / a.split) * kRows;
   const int64_t n_seq = rows_per_block * nt;
-  const size_t smem = tiled ? size_t(a.n_tiles * n_seq) * sizeof(float) : size_t(a.split * n_seq) * sizeof(double);
-  const int64_t groups = (r.T + nt - 1) / nt, row_blocks = (r.rows + rows_per_block - 1) / rows_per_block;
-  DSV4_CUDA_REQUIRE(groups < 65536 && row_blocks < (int64_t(1) << 31) && smem <= 227 * 1024, "linear: ", r.T,
-                    " tokens × ", r.rows, " rows × K ", K, " exceed the launch limits");
-  const dim3 grid{unsigned(row_blocks), unsigned(groups)};
-  switch (W.format) {
-    case kFp8: tiled ? launch_linear_nt<kFp8, true>(a, nt, grid, smem, stream_)
-                     : launch_linear_nt<kFp8, false>(a, nt, grid, smem, stream_); break;
-    case kFp4: tiled ? launch_linear_nt<kFp4, true>(a, nt, grid, smem, stream_)
-                     : launch_linear_nt<kFp4, false>(a, nt, grid, smem, stream_); break;
-    case kBf16: launch_linear_nt<kBf16, false>(a, nt, grid, smem, stream_); break;
-    default: launch_linear_nt<kF32, false>(a, nt, grid, smem, stream_); break;
-  }
+  const size_t smem = tiled ? size_t(a.n_tiles * n_seq) * sizeof(float) : size_t(split * n_seq) * sizeof(double);
+  DSV4_CUDA_REQUIRE(groups < 65536 && row_blocks < (int64_t(1) << 31), "linear: ", r.T, " tokens × ", r.rows,
+                    " rows × K ", K, " exceed the launch limits");
+  const LinearKernel kernel = linear_kernel_for(W.format, tiled, nt);
+  allow_shared_memory(reinterpret_cast<const void*>(kernel), smem, "linear");
+  kernel<<<dim3(unsigned(row_blocks), unsigned(groups), unsigned(P)), kWarps * 32, smem, stream_>>>(a);
   DSV4_CUDA_LAUNCHED("linear");
+  if (P > 1) {
+    fold_parts_kernel<<<grid_for(r.T * r.rows, 256), 256, 0, stream_>>>(a.parts, P, r.T, r.rows, r.y, r.y_stride,
+                                                                        round_out);
+    DSV4_CUDA_LAUNCHED("linear (K parts)");
+  }
 }
 
 void CudaBackend::linear(const model::Linear& W, Compute compute, const float* x, int64_t x_stride, int64_t T,
@@ -416,6 +443,32 @@ void CudaBackend::linear(const model::Linear& W, Compute compute, const float* x
   gemm(r);
 }
 
+// The grouped output projection in one launch of the decode kernel: x read as T·groups rows of
+// W.in (row t·groups + g is token t's slice for group g), row m taking view m mod groups of W (its
+// rows [g·R, (g+1)·R)), so the T·groups output rows of R are exactly y's [T, W.out]. (Eight
+// launches of 4 MB each took 10 µs apiece at V4-Flash shapes on an H200.) With 4 or more tokens
+// the products go to the FP64 tensor cores, one group at a time (the definition), as do FP8
+// groups that would split a 128-row scale block.
+void CudaBackend::grouped_linear(const model::Linear& W, Compute compute, const float* x, int64_t T, int64_t groups,
+                                 float* y) {
+  DSV4_CUDA_REQUIRE(groups > 0 && W.out % groups == 0, W.name, ": ", W.out, " rows do not split into ", groups,
+                    " groups");
+  const int64_t R = W.out / groups;
+  if (T >= kDmmaMinRowsPerExpert || (W.format == model::WeightFormat::fp8 && R % 128 != 0))
+    return Backend::grouped_linear(W, compute, x, T, groups, y);
+  Timed timed(*this, "linear", W.name, double(W.bytes()));
+  const bool tiled = deepseek() && compute == Compute::quantized;
+  DSV4_CUDA_REQUIRE(!tiled || W.format == model::WeightFormat::fp8 || W.format == model::WeightFormat::fp4, W.name,
+                    ": quantized compute needs FP8/FP4 weights, got ", to_string(W.format));
+  GemmRequest r;
+  r.W = device_linear(W);
+  r.table = device_group_table(W, groups), r.view_of_row = cyclic_ids(groups, T * groups), r.n_views = groups;
+  r.x = x, r.x_stride = W.in, r.T = T * groups;
+  r.y = y, r.y_stride = R, r.rows = R;
+  r.compute = compute;
+  gemm(r);
+}
+
 // Token ids are checked on the host (a copy of T ids): a kernel cannot raise the error the CPU
 // backend raises for an id outside the vocabulary.
 void CudaBackend::embed(const model::Linear& table, const int32_t* tokens, int64_t T, int64_t hc, float* X) {
@@ -428,7 +481,9 @@ void CudaBackend::embed(const model::Linear& table, const int32_t* tokens, int64
     if (id < 0 || id >= table.out)
       fail_check(__FILE__, __LINE__, "tokens[t] in [0, vocab)",
                  cat("token id ", id, " outside the vocabulary [0, ", table.out, ")"));
-  embed_kernel<<<unsigned(T), 256, 0, stream_>>>(device_linear(table), tokens, hc, X);
+  DSV4_CUDA_REQUIRE(T < (int64_t(1) << 31) && table.in / kEmbedThreads < 65535, "embed: ", T, " tokens of ", table.in);
+  embed_kernel<<<dim3(unsigned(T), unsigned((table.in + kEmbedThreads - 1) / kEmbedThreads)), kEmbedThreads, 0,
+                 stream_>>>(device_linear(table), tokens, hc, X);
   DSV4_CUDA_LAUNCHED("embed");
 }
 

@@ -7,11 +7,13 @@
 // The pool keeps what it has grown to (release threshold: unlimited): by default it hands freed
 // memory back to the driver at every synchronisation, so each decode step (which synchronises
 // to read its logits) paid for mapping its buffers afresh.
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cuda/cuda.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/weight_access.cuh"
 
 namespace dsv4::cuda {
 
@@ -29,6 +31,11 @@ __global__ void pack_rows_kernel(RowFormat f, const float* rows, int64_t n, floa
   const int32_t parts = pack_parts(f);
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, r = i / parts;
   if (r < n && !pack_row_part(f, rows + r * f.width, stored + r * f.stride, int32_t(i % parts))) atomicOr(inexact, 1);
+}
+
+__global__ void cyclic_ids_kernel(int32_t* ids, int64_t period, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    ids[i] = int32_t(i % period);
 }
 
 }  // namespace
@@ -60,7 +67,8 @@ CudaBackend::~CudaBackend() {
   for (cudaEvent_t e : profile_events_)
     if (e) cudaEventDestroy(e);
   for (auto& [host, dev] : uploads_) cudaFree(dev.first);
-  for (auto& [key, table] : expert_tables_) cudaFree(table);
+  for (auto& [key, table] : tables_) cudaFree(table);
+  if (cyclic_ids_) cudaFree(cyclic_ids_);
   cudaStreamDestroy(stream_);
 }
 
@@ -205,14 +213,7 @@ LinearView CudaBackend::device_linear(const model::Linear& W) {
   v.out = W.out;
   v.in = W.in;
   v.scale_cols = W.scale_cols;
-  size_t data_bytes = 0;
-  switch (W.format) {
-    case model::WeightFormat::fp8: data_bytes = size_t(W.out * W.in); break;
-    case model::WeightFormat::fp4: data_bytes = size_t(W.out * W.in / 2); break;
-    case model::WeightFormat::bf16: data_bytes = size_t(W.out * W.in) * 2; break;
-    case model::WeightFormat::f32: data_bytes = size_t(W.out * W.in) * 4; break;
-  }
-  v.data = static_cast<const uint8_t*>(upload(W.data, data_bytes));
+  v.data = static_cast<const uint8_t*>(upload(W.data, size_t(W.out * row_bytes(v.format, W.in))));
   if (W.scale) {
     const int64_t scale_rows = W.format == model::WeightFormat::fp8 ? (W.out + 127) / 128 : W.out;
     v.scale = static_cast<const uint8_t*>(upload(W.scale, size_t(scale_rows * W.scale_cols) * (W.scale_is_f32 ? 4 : 1)));
@@ -226,16 +227,49 @@ const LinearView* CudaBackend::device_expert_table(const model::MoeWeights& m, i
     return which == 1 ? e.w1 : which == 3 ? e.w3 : e.w2;
   };
   const void* key = &pick(m.experts[0]);
-  auto it = expert_tables_.find(key);
-  if (it != expert_tables_.end()) return it->second;
+  if (auto it = tables_.find({key, 0}); it != tables_.end()) return it->second;
   std::vector<LinearView> views;
   for (const model::ExpertWeights& e : m.experts) views.push_back(device_linear(pick(e)));
+  return device_views({key, 0}, views);
+}
+
+// View g is W's rows [g·R, (g+1)·R): its data and, for FP8 (one scale row per 128 weight rows,
+// so R must be a multiple of 128: the caller checks) or FP4 (one per row), its scales.
+const LinearView* CudaBackend::device_group_table(const model::Linear& W, int64_t groups) {
+  if (auto it = tables_.find({&W, groups}); it != tables_.end()) return it->second;
+  const LinearView whole = device_linear(W);
+  const int64_t R = W.out / groups;
+  const int64_t scale_rows = W.format == model::WeightFormat::fp8 ? R / 128 : R;
+  std::vector<LinearView> views(size_t(groups), whole);
+  for (int64_t g = 0; g < groups; ++g) {
+    LinearView& v = views[size_t(g)];
+    v.out = R;
+    v.data = whole.data + g * R * row_bytes(whole.format, W.in);
+    if (whole.scale) v.scale = whole.scale + g * scale_rows * W.scale_cols * (W.scale_is_f32 ? 4 : 1);
+  }
+  return device_views({&W, groups}, views);
+}
+
+const LinearView* CudaBackend::device_views(std::pair<const void*, int64_t> key, const std::vector<LinearView>& views) {
   LinearView* dev = nullptr;
   DSV4_CUDA_CHECK(cudaMalloc(&dev, views.size() * sizeof(LinearView)));
-  expert_tables_[key] = dev;
+  tables_[key] = dev;
   DSV4_CUDA_CHECK(cudaMemcpyAsync(dev, views.data(), views.size() * sizeof(LinearView), cudaMemcpyHostToDevice, stream_));
   DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));  // `views` is about to go away
   return dev;
+}
+
+const int32_t* CudaBackend::cyclic_ids(int64_t period, int64_t n) {
+  if (period != cyclic_period_ || n > cyclic_n_) {
+    if (cyclic_ids_) DSV4_CUDA_CHECK(cudaFreeAsync(cyclic_ids_, stream_));
+    cyclic_ids_ = nullptr;
+    cyclic_n_ = std::max(n, period == cyclic_period_ ? 2 * cyclic_n_ : n);
+    cyclic_period_ = period;
+    DSV4_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&cyclic_ids_), size_t(cyclic_n_) * sizeof(int32_t), stream_));
+    cyclic_ids_kernel<<<grid_for(cyclic_n_, 256), 256, 0, stream_>>>(cyclic_ids_, period, cyclic_n_);
+    DSV4_CUDA_LAUNCHED("cyclic ids");
+  }
+  return cyclic_ids_;
 }
 
 }  // namespace dsv4::cuda

@@ -28,7 +28,7 @@ std::string op_class(const std::string& weight) {
 
 CudaBackend::Timed::Timed(CudaBackend& b, const char* op, const std::string& detail, double bytes)
     : b_(b), name_(detail.empty() ? op : fmt::format("{} {}", op, op_class(detail))), bytes_(bytes),
-      active_(b.profile_ && b.profile_depth_ == 0), uploads_before_(b.uploads_.size() + b.expert_tables_.size()) {
+      active_(b.profile_ && b.profile_depth_ == 0), uploads_before_(b.uploads_.size() + b.tables_.size()) {
   ++b_.profile_depth_;
   if (!active_) return;
   if (!b_.profile_events_[0]) {
@@ -47,7 +47,7 @@ CudaBackend::Timed::~Timed() {
       cudaEventSynchronize(b_.profile_events_[1]) != cudaSuccess ||
       cudaEventElapsedTime(&ms, b_.profile_events_[0], b_.profile_events_[1]) != cudaSuccess)
     return;
-  if (b_.uploads_.size() + b_.expert_tables_.size() != uploads_before_) return;  // a first use
+  if (b_.uploads_.size() + b_.tables_.size() != uploads_before_) return;  // a first use
   OpStat& st = b_.profile_stats_[name_];
   st.ms += ms, st.bytes += bytes_, ++st.calls;
 }

@@ -13,6 +13,11 @@ constexpr int kFp8 = int(model::WeightFormat::fp8), kFp4 = int(model::WeightForm
               kBf16 = int(model::WeightFormat::bf16), kF32 = int(model::WeightFormat::f32);
 constexpr int kRuntimeFormat = -1;
 
+// Bytes of one stored row of K weights.
+__host__ __device__ inline int64_t row_bytes(int format, int64_t K) {
+  return format == kFp8 ? K : format == kFp4 ? K / 2 : format == kBf16 ? 2 * K : 4 * K;
+}
+
 // The stored value of W[o, i] without its block scale (e4m3 / e2m1 / bf16 / f32).
 template <int kFormat = kRuntimeFormat>
 __device__ __forceinline__ float stored_value(const LinearView& W, int64_t o, int64_t i) {

@@ -24,7 +24,9 @@ TEST(CudaTwin, LinearAllFormatsAndSizes) {
   std::vector<LinearCase> cases;
   for (auto [T, out, in] : {std::tuple{1, 1, 128}, {31, 17, 224}, {7, 256, 256}, {3, 128, 4096}, {2, 33, 96},
                               // many rows: the FP64 tensor-core path, with tails in all three dimensions
-                              {97, 200, 320}, {70, 65, 4096}, {64, 64, 128}}) {
+                              {97, 200, 320}, {70, 65, 4096}, {64, 64, 128},
+                              // few rows over a long K: the double paths split K across blocks
+                              {1, 24, 16384}, {2, 5, 3008}}) {
     for (WeightFormat f : {WeightFormat::fp8, WeightFormat::fp4}) {
       cases.push_back({f, Compute::quantized, T, out, in});
       cases.push_back({f, Compute::f32, T, out, in});
@@ -51,26 +53,28 @@ TEST(CudaTwin, LinearAllFormatsAndSizes) {
   }
 }
 
-// The grouped wo_a product: rows [g·R, (g+1)·R) of W against a column slice of x, written into a
-// column slice of y (strides wider than the operands).
-TEST(CudaTwin, LinearRowRangeAndStrides) {
+// The grouped wo_a product (Backend::grouped_linear): rows [g·R, (g+1)·R) of W against a column
+// slice of x, written into a column slice of y. The CPU runs one linear per group (the
+// definition); the GPU one launch of the decode kernel with a view of W per group (T < 4), or one
+// product per group (T ≥ 4, and FP8 groups that split a 128-row scale block: R = 24, 32).
+TEST(CudaTwin, GroupedLinear) {
   DSV4_REQUIRE_GPU();
-  const int64_t G = 2, R = 24, in_g = 64;
-  for (int64_t T : {5, 77}) {  // 77: the FP64 tensor-core path
-    for (WeightFormat f : {WeightFormat::bf16, WeightFormat::fp8}) {
-      const std::string name = std::string("linear groups ") + model::to_string(f) + " T" + std::to_string(T);
-      auto W = random_linear(name + ".w", f, G * R, in_g);
-      const std::vector<float> x = random_bf16(name + ".x", size_t(T * G * in_g));
-      const Compute compute = f == WeightFormat::bf16 ? Compute::bf16 : Compute::quantized;
-      expect_twins_both(name, [&](Side& s) {
-        float* y = s.out(size_t(T * G * R));
-        const float* xd = s.in(x);
-        for (int64_t g = 0; g < G; ++g)
-          s->linear(W->W, compute, xd + g * in_g, G * in_g, T, y + g * R, G * R, g * R, R);
-        Outputs o;
-        o.add("y", s.read(y, size_t(T * G * R)));
-        return o;
-      });
+  for (auto [G, R, in_g] : {std::tuple{2, 24, 64}, {8, 32, 96}, {4, 128, 256}}) {
+    for (int64_t T : {1, 3, 5, 77}) {
+      for (auto [f, compute] : {std::pair{WeightFormat::bf16, Compute::bf16}, {WeightFormat::fp8, Compute::bf16},
+                                {WeightFormat::fp8, Compute::quantized}}) {
+        const std::string name = "grouped linear G" + std::to_string(G) + " " + model::to_string(f) +
+                                 (compute == Compute::quantized ? " quantized" : " bf16") + " T" + std::to_string(T);
+        auto W = random_linear(name + ".w", f, G * R, in_g);
+        const std::vector<float> x = random_bf16(name + ".x", size_t(T * G * in_g));
+        expect_twins_both(name, [&](Side& s) {
+          float* y = s.out(size_t(T * G * R));
+          s->grouped_linear(W->W, compute, s.in(x), T, G, y);
+          Outputs o;
+          o.add("y", s.read(y, size_t(T * G * R)));
+          return o;
+        });
+      }
     }
   }
 }
