@@ -199,6 +199,9 @@ class CudaBackend final : public Backend {
   void allow_shared_memory(const void* kernel, size_t bytes, const char* what);
   int shared_memory_optin_ = 0;
   int sm_count_ = 0;  // multiprocessors of the device: a kernel with fewer blocks leaves some idle
+  // The GEMV's arrival counts when it splits K (gemm.cu): one per output block of a grid of fewer
+  // than 2·sm_count_ of them, zero between products.
+  unsigned* part_arrivals_ = nullptr;
   std::unordered_map<const void*, int> shared_memory_kernels_;  // kernel → dynamic bytes allowed
 
   cudaStream_t stream_ = nullptr;

@@ -32,8 +32,9 @@
 // In the double paths any summation order is allowed (device_math.cuh): each lane's double
 // partial is reduced across the warp and the S warps. A product with few rows (hc_pre's mix: 24
 // rows over K = 16 384, 6 blocks, 34 µs per call on an H200) also splits K across blocks: grid z
-// holds P parts of the chunks, each block writes its double sums to scratch, and a second kernel
-// adds the P parts in order and rounds.
+// holds P parts of the chunks, each block writes its double sums to scratch, and the block that
+// finishes last (an arrival count per output block) adds the P parts in part order and rounds:
+// the same sum whichever block that is. (A second kernel for the fold cost a launch per product.)
 #include <algorithm>
 
 #include "backend/cuda/cuda_backend.h"
@@ -105,6 +106,7 @@ struct GemmArgs {
   int64_t n_chunks;   // 16-byte chunks per weight row (the last may be partial)
   int64_t part_chunks;  // chunks per K part (grid z); all of them when K is not split
   double* parts;        // K split: the parts' double sums [part][T][rows], instead of y
+  unsigned* arrivals;   // K split: parts finished per (row block, token group); back to 0 by the last
   int64_t n_tiles;    // quantized: K tiles per row
 };
 
@@ -188,6 +190,39 @@ __device__ inline void fp4_tile_partials(const uint32_t* planes, int64_t c, bool
   }
 }
 
+// The products of chunk c of kRows weight rows with x (one activation row), summed into part
+// in element order: fma, as each product is exact in double (see the top). x is scaled by kXScale
+// first; kBits: the weights are FP8 codes by bit placement (value · 2^-1016), else weight_at.
+template <int kFmt, bool kBits, double kXScale>
+__device__ inline void chunk_products(const GemmArgs& a, const float* xr, int64_t c, bool cv, const uint4 (&w)[kRows],
+                                      const float (&scale)[kRows], double (&part)[kRows]) {
+  constexpr int E = chunk_elems(kFmt);
+  for (int q = 0; q < E / 4; ++q) {
+    float xv[4];
+    load_x4(a, xr, c * E + 4 * q, cv, xv);
+    for (int i = 0; i < 4; ++i) {
+      const double xd = double(xv[i]) * kXScale;
+      for (int r = 0; r < kRows; ++r) part[r] = fma(xd, weight_at<kFmt, kBits>(w[r], 4 * q + i, scale[r]), part[r]);
+    }
+  }
+}
+
+// FP8 weights in the double paths (wo_a's bf16 product) take the bit placement too when every
+// row's block scale is a power of two 2^e, e in [-126, 119], or zero (a row past the end): then
+// the CPU's dequantized weight w·2^e is exact in fp32, x·2^890 · w·2^-1016 = x·w·2^-126 is exact
+// and never subnormal for any fp32 x, and every fma of the chunk's sum is the CPU-order one
+// scaled by 2^(-126-e), so part · 2^(e+126) is bit for bit the sum over dequantized weights.
+// (Converting each code to a float and multiplying by its scale held wo_a to 0.66 TB/s.)
+constexpr double kPlacedXScale = 0x1p890;
+__device__ inline bool placeable(const float (&scale)[kRows]) {
+  bool ok = true;
+  for (int r = 0; r < kRows; ++r) {
+    const uint32_t b = __float_as_uint(scale[r]), e = b >> 23;
+    ok &= b == 0 || ((b & 0x7fffff) == 0 && e >= 1 && e <= 127 + 119);
+  }
+  return ok;
+}
+
 // Phase 2. Grid (row blocks, token groups of kNT); see the top for the work split. With a table,
 // every token row is its own group (kNT = 1) with its own matrix.
 template <int kFmt, bool kTiled, int kNT>
@@ -239,15 +274,13 @@ __global__ void __launch_bounds__(kWarps * 32) linear_kernel(GemmArgs a) {
       if constexpr (kFmt == kFp4 && kTiled) {
         fp4_tile_partials(reinterpret_cast<const uint32_t*>(xrow[n]), c, cv, w, int_partial);
       } else {
-        for (int q = 0; q < E / 4; ++q) {
-          float xv[4];
-          load_x4(a, xrow[n], c * E + 4 * q, cv, xv);
-          for (int i = 0; i < 4; ++i) {
-            const double xd = kTiled ? double(xv[i]) * 0x1p1000 : double(xv[i]);
-            // fma: the product is exact in double (see the top), so this is the rounded sum.
-            for (int r = 0; r < kRows; ++r)
-              part[r] = fma(xd, weight_at<kFmt, kTiled>(w[r], 4 * q + i, scale[r]), part[r]);
-          }
+        bool placed = false;
+        if constexpr (kFmt == kFp8 && !kTiled) placed = placeable(scale);
+        if (placed) {
+          chunk_products<kFp8, true, kPlacedXScale>(a, xrow[n], c, cv, w, scale, part);
+          for (int r = 0; r < kRows; ++r) part[r] *= double(scale[r]) * 0x1p126;
+        } else {
+          chunk_products<kFmt, kTiled, kTiled ? 0x1p1000 : 1.0>(a, xrow[n], c, cv, w, scale, part);
         }
       }
       if constexpr (kTiled) {
@@ -297,16 +330,27 @@ __global__ void __launch_bounds__(kWarps * 32) linear_kernel(GemmArgs a) {
       else *y = a.round_out ? round_bf16(float(v)) : float(v);
     }
   }
-}
-
-// K split: y = the sum of the P parts' double sums, in part order, rounded once.
-__global__ void fold_parts_kernel(const double* parts, int64_t P, int64_t T, int64_t rows, float* y, int64_t y_stride,
-                                  bool round_out) {
-  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i >= T * rows) return;
-  double v = 0.0;
-  for (int64_t p = 0; p < P; ++p) v += parts[p * T * rows + i];
-  y[(i / rows) * y_stride + i % rows] = round_out ? round_bf16(float(v)) : float(v);
+  if (!a.parts) return;
+  // K split: the last part of this output block to arrive folds all of them.
+  __shared__ bool last;
+  __threadfence();  // this part's sums are visible before its arrival is counted
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned* arrived = a.arrivals + blockIdx.y * gridDim.x + blockIdx.x;
+    last = atomicAdd(arrived, 1u) == gridDim.z - 1;
+    if (last) *arrived = 0;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int q = threadIdx.x; q < n_seq; q += blockDim.x) {
+    const int n = q % kNT;
+    const int64_t row = block_row + q / kNT;
+    if (n >= nt || row >= a.rows) continue;
+    double v = 0.0;
+    for (int64_t p = 0; p < gridDim.z; ++p) v += __ldcg(a.parts + (p * a.T + m0 + n) * a.rows + row);
+    a.y[(m0 + n) * a.y_stride + row] = a.round_out ? round_bf16(float(v)) : float(v);
+  }
 }
 
 // embed: grid (token, slice of kEmbedThreads of D), one element per thread, copied to every
@@ -412,6 +456,7 @@ void CudaBackend::gemm(const GemmRequest& r) {
   a.x_vec = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && a.x_stride % 4 == 0;
   a.part_chunks = (n_chunks + P - 1) / P;
   a.parts = P > 1 ? reinterpret_cast<double*>(scratch + n_qx + n_sx) : nullptr;
+  a.arrivals = part_arrivals_;
 
   const int64_t n_seq = rows_per_block * nt;
   const size_t smem = tiled ? size_t(a.n_tiles * n_seq) * sizeof(float) : size_t(split * n_seq) * sizeof(double);
@@ -421,11 +466,6 @@ void CudaBackend::gemm(const GemmRequest& r) {
   allow_shared_memory(reinterpret_cast<const void*>(kernel), smem, "linear");
   kernel<<<dim3(unsigned(row_blocks), unsigned(groups), unsigned(P)), kWarps * 32, smem, stream_>>>(a);
   DSV4_CUDA_LAUNCHED("linear");
-  if (P > 1) {
-    fold_parts_kernel<<<grid_for(r.T * r.rows, 256), 256, 0, stream_>>>(a.parts, P, r.T, r.rows, r.y, r.y_stride,
-                                                                        round_out);
-    DSV4_CUDA_LAUNCHED("linear (K parts)");
-  }
 }
 
 void CudaBackend::linear(const model::Linear& W, Compute compute, const float* x, int64_t x_stride, int64_t T,

@@ -48,6 +48,8 @@ CudaBackend::CudaBackend(Numerics numerics) : Backend(numerics) {
   uint64_t keep_all = UINT64_MAX;
   DSV4_CUDA_CHECK(cudaGetDevice(&device));
   DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
+  DSV4_CUDA_CHECK(cudaMalloc(&part_arrivals_, 2 * size_t(sm_count_) * sizeof(unsigned)));
+  DSV4_CUDA_CHECK(cudaMemset(part_arrivals_, 0, 2 * size_t(sm_count_) * sizeof(unsigned)));
   DSV4_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
   DSV4_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all));
   DSV4_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pack_inexact_), sizeof(int), cudaHostAllocMapped));
@@ -69,6 +71,7 @@ CudaBackend::~CudaBackend() {
   for (auto& [host, dev] : uploads_) cudaFree(dev.first);
   for (auto& [key, table] : tables_) cudaFree(table);
   if (cyclic_ids_) cudaFree(cyclic_ids_);
+  if (part_arrivals_) cudaFree(part_arrivals_);
   cudaStreamDestroy(stream_);
 }
 

@@ -38,6 +38,10 @@ TEST(CudaTwin, LinearAllFormatsAndSizes) {
   cases.push_back({WeightFormat::fp8, Compute::quantized, 5, 200, 300});  // K tail of 44, two scale rows
   cases.push_back({WeightFormat::fp8, Compute::quantized, 4, 130, 256, true});
   cases.push_back({WeightFormat::fp4, Compute::quantized, 4, 9, 256, true});
+  // FP8 in the double paths: f32 scales that are not all powers of two take the per-code decode
+  // in some chunks and the bit placement in others (gemm.cu: placeable).
+  cases.push_back({WeightFormat::fp8, Compute::f32, 3, 130, 256, true});
+  cases.push_back({WeightFormat::fp8, Compute::bf16, 1, 256, 640, true});
   for (const LinearCase& c : cases) {
     const std::string name = describe(c);
     auto W = random_linear(name + ".w", c.format, c.out, c.in);
