@@ -127,6 +127,7 @@ class Backend {
   virtual void hc_pre(const model::HcParams& p, const float* X, int64_t T, int64_t hc, int64_t D,
                       int64_t sinkhorn_iters, double hc_eps, double norm_eps, float* u, float* post,
                       float* comb) = 0;
+  // X_out may be X (updated in place).
   virtual void hc_post(const float* a, const float* X, const float* post, const float* comb, int64_t T,
                        int64_t hc, int64_t D, float* X_out) = 0;
   virtual void hc_head(const model::HcParams& p, const float* X, int64_t T, int64_t hc, int64_t D, double hc_eps,

@@ -145,9 +145,7 @@ void Engine::leave_sublayer(const SublayerInput& in, const float* out, float* X,
                             const std::string& hc_name) {
   const int64_t D = config().hidden_size, n_hc = config().hc_mult;
   Backend& b = *backend_;
-  Buffer X_new(b, size_t(T * n_hc * D));
-  b.hc_post(out, X, in.post.get(), in.comb.get(), T, n_hc, D, X_new.get());
-  b.copy(X, X_new.get(), size_t(T * n_hc * D));
+  b.hc_post(out, X, in.post.get(), in.comb.get(), T, n_hc, D, X);  // in place
   trace(tracer, hc_name + ".X", X, {T, n_hc, D});
 }
 

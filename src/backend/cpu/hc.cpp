@@ -83,12 +83,15 @@ void CpuBackend::hc_post(const float* a, const float* X, const float* post, cons
   parallel_for(T, [&](int64_t t) {
     const float* x = X + t * hc * D;
     const float* M = comb + t * hc * hc;
-    for (int64_t k = 0; k < hc; ++k)
-      for (int64_t d = 0; d < D; ++d) {
+    std::vector<float> in(static_cast<size_t>(hc));  // X[t, ·, d], read before X_out (may be X) is written
+    for (int64_t d = 0; d < D; ++d) {
+      for (int64_t j = 0; j < hc; ++j) in[size_t(j)] = x[j * D + d];
+      for (int64_t k = 0; k < hc; ++k) {
         double acc = double(post[t * hc + k]) * double(a[t * D + d]);
-        for (int64_t j = 0; j < hc; ++j) acc += double(M[j * hc + k]) * double(x[j * D + d]);
+        for (int64_t j = 0; j < hc; ++j) acc += double(M[j * hc + k]) * double(in[size_t(j)]);
         X_out[(t * hc + k) * D + d] = round(float(acc));
       }
+    }
   });
 }
 

@@ -34,10 +34,11 @@
 //     memory (C = 4: stored straight from the fragments). One partial sum per slice.
 //   combine: the slices' partial sums (in a fixed order), divided by the denominator.
 // The host picks P, and C and R (C = 4, R = 128; else C = 1, R = 128, 64 or 32), from the rows and
-// the SM count: the most work per block that still gives every SM a block. Many rows (an HCA layer
-// at 1M context, ~8 300 rows: 260 blocks of each) keep P = 1, C = 4, R = 128, where each warp walks
-// 16 rows × all dims (logits) or 128 rows (values) and the partial sums stay few (0.16 ms per layer
-// on an H200). With few rows that shape ran 4 blocks of logits and of values (18.6 and 24.2 µs for
+// the SM count: the most work per block that still gives every SM two blocks. Many rows take
+// P = 1, C = 4, R = 128, where each warp walks 16 rows × all dims (logits) or 128 rows (values) and
+// the partial sums stay few (at 1M context an HCA layer's ~8 300 rows made 260 blocks of each in
+// this shape, 0.16 ms per layer on an H200; with two blocks per SM wanted they now take P = 2 and
+// C = 1). With few rows that shape ran 4 blocks of logits and of values (18.6 and 24.2 µs for
 // the 128-row sliding window of V4-Flash: 64 heads of 512) and 20 of each for a CSA layer's 640
 // rows (49 and 30 µs): a handful of SMs, each warp a long chain of loads waiting on memory. Split
 // over dim parts and row groups, 128 rows run 32 blocks of logits (2 chunks per warp) and 64 of
@@ -239,6 +240,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a) {
 
 // ---- few queries (decode): the FP64 tensor cores ------------------------------------------------
 
+constexpr int64_t kDecodeBlocksPerSm = 2;           // launch shapes: the fewest blocks per SM wanted
 constexpr int kLogitHeads = 16;                      // 2 fragments of 8
 constexpr int kLogitRows = 16;                       // per row group (2 fragments of 8)
 constexpr int kLogitSumPitch = 36;                   // doubles per fragment element of a warp's sums (≡ 4 mod 16)
@@ -556,7 +558,7 @@ void CudaBackend::attention(const float* q, int64_t T, int64_t H, int64_t hd, in
   const bool fp8_rows = comp.format.kind == RowFormat::fp8_bf16;
 
   if (T <= kFewQueries) {
-    // Launch shapes (see the top): the most work per block that still gives every SM a block.
+    // Launch shapes (see the top): the most work per block that still gives every SM two blocks.
     const auto ceil_div = [](int64_t x, int64_t y) { return (x + y - 1) / y; };
     const int64_t logit_heads = ceil_div(H, kLogitHeads), value_heads = ceil_div(H, kValueHeads);
     const auto logit_blocks = [&](int parts) { return ceil_div(n_max, kLogitRows * (kAttnWarps / parts)) * logit_heads * T; };
@@ -564,12 +566,13 @@ void CudaBackend::attention(const float* q, int64_t T, int64_t H, int64_t hd, in
       return ceil_div(n_max, rows) * ceil_div(hd, kValueWarpDims * cols) * T * value_heads;
     };
     int logit_parts = 1;
-    while (logit_parts < kAttnWarps && logit_blocks(logit_parts) < sm_count_) logit_parts *= 2;
+    const int64_t enough = kDecodeBlocksPerSm * sm_count_;
+    while (logit_parts < kAttnWarps && logit_blocks(logit_parts) < enough) logit_parts *= 2;
     int value_cols = kValueSplit;
     int64_t value_rows = kValueRows;
-    if (value_blocks(value_cols, value_rows) < sm_count_) {
+    if (value_blocks(value_cols, value_rows) < enough) {
       value_cols = 1;  // kValueSplit row groups of 8 rows
-      while (value_rows > 8 * kValueSplit && value_blocks(value_cols, value_rows) < sm_count_) value_rows /= 2;
+      while (value_rows > 8 * kValueSplit && value_blocks(value_cols, value_rows) < enough) value_rows /= 2;
     }
     const int64_t slices = ceil_div(n_max, value_rows);
     DeviceArray<float> logits(stream_, size_t(T * H * n_max));

@@ -8,7 +8,7 @@
 // most of the op's time in decode), and all threads write u over D. At decode that
 // block is the whole op, so it has 1024 threads and keeps several loads in flight per thread
 // (with 256 threads each waiting on one load at a time, hc_pre took 50 µs per token on an H200).
-// hc_post is one thread per output element.
+// hc_post is one thread per (token, d), all hc streams (in place: the engine passes X_out = X).
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_math.cuh"
 
@@ -115,17 +115,20 @@ __global__ void __launch_bounds__(kTokenThreads) hc_head_kernel(HcArgs a, const 
   collapse(x, pre, hc, a.D, a.bf16, y + t * a.D);
 }
 
-// X'[t, k, d] = post_k · a[t, d] + Σ_j comb[j, k] · X[t, j, d]: one thread per (t, k, d).
+// X'[t, k, d] = post_k · a[t, d] + Σ_j comb[j, k] · X[t, j, d]: one thread per (t, d), which reads
+// its hc inputs before writing its hc outputs (so X_out may be X).
 __global__ void hc_post_kernel(const float* a, const float* X, const float* post, const float* comb, int64_t T,
-                               int64_t hc, int64_t D, bool bf16, float* X_out) {
-  const int64_t n = T * hc * D;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t d = e % D, k = (e / D) % hc, t = e / (D * hc);
-    const float* x = X + t * hc * D;
+                               int hc, int64_t D, bool bf16, float* X_out) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < T * D; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t d = e % D, t = e / D;
     const float* M = comb + t * hc * hc;
-    double acc = double(post[t * hc + k]) * double(a[t * D + d]);
-    for (int64_t j = 0; j < hc; ++j) acc += double(M[j * hc + k]) * double(x[j * D + d]);
-    X_out[e] = round_if(bf16, float(acc));
+    float in[kMaxHc];
+    for (int j = 0; j < hc; ++j) in[j] = X[(t * hc + j) * D + d];
+    for (int k = 0; k < hc; ++k) {
+      double acc = double(post[t * hc + k]) * double(a[t * D + d]);
+      for (int j = 0; j < hc; ++j) acc += double(M[j * hc + k]) * double(in[j]);
+      X_out[(t * hc + k) * D + d] = round_if(bf16, float(acc));
+    }
   }
 }
 
@@ -150,9 +153,9 @@ void CudaBackend::hc_pre(const model::HcParams& p, const float* X, int64_t T, in
 void CudaBackend::hc_post(const float* a, const float* X, const float* post, const float* comb, int64_t T,
                           int64_t hc, int64_t D, float* X_out) {
   Timed timed(*this, "hc_post");
-  const int64_t n = T * hc * D;
-  if (n == 0) return;
-  hc_post_kernel<<<grid_for(n, 256), 256, 0, stream_>>>(a, X, post, comb, T, hc, D, deepseek(), X_out);
+  if (T * D == 0) return;
+  DSV4_CUDA_REQUIRE(hc <= kMaxHc, "hc_post: hc ", hc, " above ", kMaxHc);
+  hc_post_kernel<<<grid_for(T * D, 256), 256, 0, stream_>>>(a, X, post, comb, T, int(hc), D, deepseek(), X_out);
   DSV4_CUDA_LAUNCHED("hc_post");
 }
 

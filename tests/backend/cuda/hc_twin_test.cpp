@@ -34,11 +34,14 @@ TEST(CudaTwin, HcPreAndPost) {
       s->hc_pre(w.p, Xd, T, hc, D, 20, 1e-6, 1e-6, u, post, comb);
       float* X_out = s.out(size_t(T * hc * D));
       s->hc_post(s.in(a), Xd, post, comb, T, hc, D, X_out);
+      float* X_in_place = s.in(X);  // as the engine calls it
+      s->hc_post(s.in(a), X_in_place, post, comb, T, hc, D, X_in_place);
       Outputs o;
       o.add("u", s.read(u, size_t(T * D)));
       o.add("post", s.read(post, size_t(T * hc)));
       o.add("comb", s.read(comb, size_t(T * hc * hc)));
       o.add("X_out", s.read(X_out, size_t(T * hc * D)));
+      o.add("X in place", s.read(X_in_place, size_t(T * hc * D)));
       return o;
     });
   }
