@@ -34,18 +34,18 @@
 //     memory (C = 4: stored straight from the fragments). One partial sum per slice.
 //   combine: the slices' partial sums (in a fixed order), divided by the denominator.
 // The host picks P, and C and R (C = 4, R = 128; else C = 1, R = 128, 64 or 32), from the rows and
-// the SM count: the most work per block that still gives every SM two blocks. Many rows take
-// P = 1, C = 4, R = 128, where each warp walks 16 rows × all dims (logits) or 128 rows (values) and
-// the partial sums stay few (at 1M context an HCA layer's ~8 300 rows made 260 blocks of each in
-// this shape, 0.16 ms per layer on an H200; with two blocks per SM wanted they now take P = 2 and
-// C = 1). With few rows that shape ran 4 blocks of logits and of values (18.6 and 24.2 µs for
-// the 128-row sliding window of V4-Flash: 64 heads of 512) and 20 of each for a CSA layer's 640
-// rows (49 and 30 µs): a handful of SMs, each warp a long chain of loads waiting on memory. Split
-// over dim parts and row groups, 128 rows run 32 blocks of logits (2 chunks per warp) and 64 of
-// values (R = 32: 8 rows per warp), 640 rows 160 of each (R = 64), with no more partial sums than
-// slices: splitting the rows inside a block rather than into more slices keeps the partial sums
-// (H·hd doubles per slice, written and read again by combine) from outgrowing the rows read.
-// Every split only regroups double sums of exact products (see above).
+// the SM count: the most work per block that still gives every SM two blocks. The shape with
+// most work per block, P = 1, C = 4, R = 128 (each warp walks 16 rows × all dims of logits, or
+// 128 rows of values), ran 4 blocks of logits and of values for the 128-row sliding window of
+// V4-Flash (64 heads of 512: 18.6 and 24.2 µs on an H200), 20 of each for a CSA layer's 640 rows
+// (49 and 30 µs) and 260 for an HCA layer's ~8 300 rows at 1M context (0.16 ms for the four
+// kernels): too few blocks, each warp a long chain of loads waiting on memory. Split over dim
+// parts and row groups (ncu, 85d4276): 128 rows run 32 blocks of logits (P = 8) and 64 of values
+// (R = 32), 5.9 and 6.7 µs; 640 rows 160 and 320 (R = 32), 11.4 and 13.8 µs; 8 320 rows 520
+// (P = 2) and 1 040 (C = 1), 53 and 49 µs (117 µs for the four kernels). Splitting the rows inside
+// a block rather than into more slices keeps the partial sums (H·hd doubles per slice, written
+// and read again by combine) from outgrowing the rows read. Every split only regroups double sums
+// of exact products (see above).
 // (One block per (query, head) with one warp per row, as before, re-decoded every row once per
 // head in double: 1.2 ms per HCA layer at 1M context on an H200.)
 //

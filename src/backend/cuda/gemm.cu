@@ -210,8 +210,10 @@ __device__ inline void chunk_products(const GemmArgs& a, const float* xr, int64_
 // FP8 weights in the double paths (wo_a's bf16 product) take the bit placement too when every
 // row's block scale is a power of two 2^e, e in [-126, 119], or zero (a row past the end): then
 // the CPU's dequantized weight w·2^e is exact in fp32, x·2^890 · w·2^-1016 = x·w·2^-126 is exact
-// and never subnormal for any fp32 x, and every fma of the chunk's sum is the CPU-order one
-// scaled by 2^(-126-e), so part · 2^(e+126) is bit for bit the sum over dequantized weights.
+// and never subnormal for any fp32 x, and every fma of the chunk's sum is the one over the
+// dequantized weights scaled by 2^(-126-e) (rounding commutes with a power of two away from the
+// subnormals), so part · 2^(e+126) is bit for bit that sum. (As in the quantized path, the e4m3
+// NaN codes, absent from checkpoints, decode as 480 here.)
 // (Converting each code to a float and multiplying by its scale held wo_a to 0.66 TB/s.)
 constexpr double kPlacedXScale = 0x1p890;
 __device__ inline bool placeable(const float (&scale)[kRows]) {
