@@ -184,6 +184,9 @@ class CudaBackend final : public Backend {
 
   // ---- shared GEMM entry (gemm.cu), used by linear, hc and moe ----
   void gemm(const GemmRequest& r);
+  // linear and grouped_linear: quantized compute (deepseek numerics) needs FP8 or FP4 weights; an
+  // error naming W otherwise.
+  void require_quantizable(const model::Linear& W, Compute compute) const;
   // The scratch of the GEMM in flight (its quantized activations and the FP64 path's grouping of
   // rows by expert, in disjoint parts): one buffer, grown on demand and reused by every GEMM (they
   // run in stream order), instead of allocations and frees per product.

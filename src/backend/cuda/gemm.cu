@@ -474,13 +474,17 @@ void CudaBackend::gemm(const GemmRequest& r) {
   DSV4_CUDA_LAUNCHED("linear");
 }
 
+void CudaBackend::require_quantizable(const model::Linear& W, Compute compute) const {
+  DSV4_CUDA_REQUIRE(!(deepseek() && compute == Compute::quantized) || W.format == model::WeightFormat::fp8 ||
+                        W.format == model::WeightFormat::fp4,
+                    W.name, ": quantized compute needs FP8/FP4 weights, got ", to_string(W.format));
+}
+
 void CudaBackend::linear(const model::Linear& W, Compute compute, const float* x, int64_t x_stride, int64_t T,
                          float* y, int64_t y_stride, int64_t row0, int64_t rows) {
   Timed timed(*this, "linear", W.name, double(W.bytes()) * double(rows) / double(W.out));
   DSV4_CUDA_REQUIRE(row0 >= 0 && row0 + rows <= W.out, W.name, ": rows [", row0, ", ", row0 + rows, ") of ", W.out);
-  const bool tiled = deepseek() && compute == Compute::quantized;
-  DSV4_CUDA_REQUIRE(!tiled || W.format == model::WeightFormat::fp8 || W.format == model::WeightFormat::fp4, W.name,
-                    ": quantized compute needs FP8/FP4 weights, got ", to_string(W.format));
+  require_quantizable(W, compute);
   GemmRequest r;
   r.W = device_linear(W);
   r.x = x, r.x_stride = x_stride, r.T = T;
@@ -503,9 +507,7 @@ void CudaBackend::grouped_linear(const model::Linear& W, Compute compute, const 
   if (T >= kDmmaMinRowsPerExpert || (W.format == model::WeightFormat::fp8 && R % 128 != 0))
     return Backend::grouped_linear(W, compute, x, T, groups, y);
   Timed timed(*this, "linear", W.name, double(W.bytes()));
-  const bool tiled = deepseek() && compute == Compute::quantized;
-  DSV4_CUDA_REQUIRE(!tiled || W.format == model::WeightFormat::fp8 || W.format == model::WeightFormat::fp4, W.name,
-                    ": quantized compute needs FP8/FP4 weights, got ", to_string(W.format));
+  require_quantizable(W, compute);
   GemmRequest r;
   r.W = device_linear(W);
   r.table = device_group_table(W, groups), r.view_of_row = cyclic_ids(groups, T * groups), r.n_views = groups;
