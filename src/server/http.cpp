@@ -16,6 +16,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Seconds a read or a write may block: generation can take long between a request and its first
+// byte, and a slow reader must not hold a thread (or shutdown) for ever.
+constexpr int kReadTimeoutS = 30, kWriteTimeoutS = 30;
+
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -78,16 +82,30 @@ bool Server::bind() {
 
 void Server::serve() { http_->listen_after_bind(); }
 
-void Server::stop() { http_->stop(); }
+void Server::stop() {
+  // Each remaining write ends within the write timeout, so this wait is bounded by it.
+  std::unique_lock lock(responses_mutex_);
+  responses_closed_.wait_for(lock, std::chrono::seconds(kWriteTimeoutS), [&] { return open_responses_ == 0; });
+  lock.unlock();
+  http_->stop();
+}
+
+std::shared_ptr<void> Server::hold_response() {
+  std::lock_guard lock(responses_mutex_);
+  ++open_responses_;
+  return std::shared_ptr<void>(nullptr, [this](void*) {
+    std::lock_guard lock(responses_mutex_);
+    if (--open_responses_ == 0) responses_closed_.notify_all();
+  });
+}
 
 void Server::route() {
   httplib::Server& h = *http_;
   const int threads = options_.http_threads;
   h.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
   h.set_payload_max_length(options_.max_body_bytes);
-  // Generation can take long between a request and its first byte; writes to slow readers too.
-  h.set_read_timeout(30, 0);
-  h.set_write_timeout(30, 0);
+  h.set_read_timeout(kReadTimeoutS, 0);
+  h.set_write_timeout(kWriteTimeoutS, 0);
 
   // Every handler runs inside the same wrapper: API key, error mapping, request counting.
   auto handle = [this](std::string endpoint, bool needs_key,
@@ -208,6 +226,9 @@ void Server::generate(const httplib::Request& req, httplib::Response& res, const
 
   // The state one response's tokens go through, shared by the stream callbacks.
   struct Exchange {
+    // Keeps stop() waiting. A streamed response holds it until its last chunk is written (the
+    // chunk loop ends when the listener stops); a whole body is written regardless of stop().
+    std::shared_ptr<void> open;
     std::shared_ptr<engine::RequestStream> stream;
     std::unique_ptr<Transcript> transcript;
     ordered_json envelope;
@@ -236,6 +257,7 @@ void Server::generate(const httplib::Request& req, httplib::Response& res, const
     }
   };
   auto ex = std::make_shared<Exchange>();
+  ex->open = hold_response();
   ex->stream = stream;
   ex->transcript = std::move(transcript);
   ex->envelope = {{"id", new_id(object == "text_completion" ? "cmpl-" : "chatcmpl-")},

@@ -13,7 +13,9 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -58,6 +60,9 @@ class Server {
   void serve();
   // Stops taking requests: /health turns 503, new generations get 503, in-flight ones go on.
   void begin_drain() { draining_ = true; }
+  // Waits until every response in flight has been written out (their generations must have ended:
+  // drain the scheduler first), then stops listening. Stopping the listener earlier would cut a
+  // streamed response short of its last chunk.
   void stop();
 
  private:
@@ -67,6 +72,8 @@ class Server {
   // Submits the prompt and answers with the transcript's choices, streamed or whole.
   void generate(const httplib::Request& req, httplib::Response& res, const std::string& object,
                 std::vector<int32_t> prompt, const GenerationOptions& options, std::unique_ptr<Transcript> transcript);
+  // Counts a response as open until the returned handle is released.
+  std::shared_ptr<void> hold_response();
 
   engine::Scheduler& scheduler_;
   const tk::Tokenizer& tokenizer_;
@@ -77,6 +84,9 @@ class Server {
   std::unique_ptr<httplib::Server> http_;
   int port_ = 0;
   std::atomic<bool> draining_{false};
+  std::mutex responses_mutex_;
+  std::condition_variable responses_closed_;
+  int64_t open_responses_ = 0;
   int64_t started_ = 0;  // unix time, for /v1/models
 };
 
