@@ -9,6 +9,10 @@ For every config in configs.FIXTURES:
   tests/fixtures/logits/<name>/plain.f32   transformers float32 logits [n_tokens, vocab] (reference.py)
   tests/fixtures/logits/<name>/deepseek.f32 port.py logits with the official numerics
   tests/fixtures/logits/<name>/summary.json sizes, near-tie fractions, port-vs-transformers max|d|
+  tests/fixtures/logits/<name>/mtp_{deepseek,plain}.f32  port.py's MTP logits over the first
+                                           MTP_TOKENS tokens ([MTP_TOKENS - 1, vocab]; transformers
+                                           has no MTP block), for the configs in MTP_FIXTURES
+  --mtp-only writes just those (the checkpoints and other references stay as they are).
   tests/fixtures/logits/tiny-flash/dump/   deepseek-mode intermediates of the first 16 tokens
 """
 import argparse
@@ -27,6 +31,8 @@ import reference  # noqa: E402
 from configs import CONFIGS, FIXTURES  # noqa: E402
 
 DUMP_TOKENS = {}  # committed fixtures carry no dumps: port.py --dump makes them on demand
+MTP_FIXTURES = ("tiny-flash",)
+MTP_TOKENS = 300  # past two turns of the MTP block's 128-row window
 
 
 def tie_fractions(logits: np.ndarray) -> dict:
@@ -38,6 +44,15 @@ def tie_fractions(logits: np.ndarray) -> dict:
 
 def write_f32(path, t: torch.Tensor):
     t.detach().to(torch.float32).contiguous().numpy().astype("<f4").tofile(path)
+
+
+def make_mtp(name: str, root: str, tokens):
+    mdir = os.path.join(root, "tests", "fixtures", "models", name)
+    ldir = os.path.join(root, "tests", "fixtures", "logits", name)
+    for mode in ("deepseek", "plain"):
+        print(f"[{name}] port MTP {mode} ({MTP_TOKENS} tokens)", flush=True)
+        _, mtp = P.Port(mdir, mode).forward(tokens[:MTP_TOKENS], mtp=True)
+        write_f32(os.path.join(ldir, f"mtp_{mode}.f32"), mtp)
 
 
 def make(name: str, root: str):
@@ -106,6 +121,8 @@ def make(name: str, root: str):
         json.dump(summary, f, indent=2)
         f.write("\n")
     print(json.dumps(summary, indent=2), flush=True)
+    if name in MTP_FIXTURES:
+        make_mtp(name, root, tokens)
 
 
 def main():
@@ -113,10 +130,15 @@ def main():
     ap.add_argument("--only", nargs="*", default=None, choices=sorted(FIXTURES))
     ap.add_argument("--root", default=os.path.abspath(os.path.join(HERE, "..", "..")))
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--mtp-only", action="store_true", help="write only the MTP references")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     for name in args.only or list(FIXTURES):
-        make(name, args.root)
+        if not args.mtp_only:
+            make(name, args.root)
+        elif name in MTP_FIXTURES:
+            with open(os.path.join(args.root, "tests", "fixtures", "logits", name, "tokens.json")) as f:
+                make_mtp(name, args.root, json.load(f)["tokens"])
 
 
 if __name__ == "__main__":

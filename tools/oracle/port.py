@@ -32,7 +32,7 @@ router top-k uses the same rule (fp32 ties are practically absent).
 
 Usage:
   port.py --ckpt DIR --tokens tokens.json --mode deepseek|plain --out logits.f32
-          [--dump DIR --dump-tokens N]
+          [--mtp-out mtp.f32] [--dump DIR --dump-tokens N]
 `--dump` writes DIR/manifest.json ({name: shape}) and DIR/<name>.f32 (raw little-endian
 float32) for the first N tokens of the run (default: all), names like l{i}.hc_attn.u,
 l{i}.attn.x, l{i}.attn.qr, l{i}.attn.q, l{i}.attn.kv, l{i}.attn.o, l{i}.attn.out,
@@ -543,7 +543,8 @@ class Port:
         dump(f"l{il}.hc_ffn.X", X)
         return X
 
-    def forward(self, tokens, dump=None):
+    def forward(self, tokens, dump=None, mtp=False):
+        """Logits at every position; with mtp, also the MTP block's (see mtp())."""
         dump = dump if dump is not None else NoDump()
         tok = torch.tensor(tokens, dtype=torch.long)
         S = tok.shape[0]
@@ -559,6 +560,23 @@ class Port:
         dump("final.z", z)
         logits = mm(z, self.w_f32("head").T)
         dump("logits", logits)
+        return (logits, self.mtp(X, tok, dump)) if mtp else logits
+
+    def mtp(self, X, tok, dump):
+        """The MTP block (§3.8) at positions 0..S-2: position p pairs the main model's final hc state
+        X[p] (before the HC head) with token p+1, runs as the block's own sliding-window layer at
+        position p, and its logits draft token p+2. Returns [S-1, vocab]."""
+        S = X.shape[0] - 1
+        p = "mtp.0."
+        e = self.rms(self.w_f32("embed.weight")[tok[1:]], p + "enorm")
+        hn = self.rms(X[:S], p + "hnorm")  # each hc stream normalised on its own
+        X0 = self.bf(self.lin_fp8(e, p + "e_proj")[:, None, :] + self.lin_fp8(hn, p + "h_proj"))
+        X1 = self.block(self.n_layers, X0, tok[1:], p, self.ratios[self.n_layers], False, dump)
+        y = self.hc_head(X1, p + "hc_head")
+        dump("mtp.y", y)
+        z = self.rms(y, p + "norm")
+        logits = mm(z, self.w_f32("head").T)
+        dump("mtp.logits", logits)
         return logits
 
 
@@ -569,6 +587,7 @@ def main():
     ap.add_argument("--mode", choices=["deepseek", "plain"], default="deepseek")
     ap.add_argument("--n", type=int, default=None, help="use only the first n tokens")
     ap.add_argument("--out", help="write logits [n_tokens, vocab] as raw LE float32")
+    ap.add_argument("--mtp-out", help="also run the MTP block; write its logits [n_tokens - 1, vocab]")
     ap.add_argument("--dump", help="directory for named intermediates")
     ap.add_argument("--dump-tokens", type=int, default=None, help="dump the first N tokens only")
     ap.add_argument("--threads", type=int, default=2)
@@ -580,7 +599,10 @@ def main():
         tokens = tokens[: args.n]
     port = Port(args.ckpt, args.mode)
     dump = Dump(args.dump_tokens or len(tokens)) if args.dump else None
-    logits = port.forward(tokens, dump)
+    logits = port.forward(tokens, dump, mtp=bool(args.mtp_out))
+    if args.mtp_out:
+        logits, mtp_logits = logits
+        mtp_logits.contiguous().numpy().astype("<f4").tofile(args.mtp_out)
     if args.out:
         logits.contiguous().numpy().astype("<f4").tofile(args.out)
     if dump is not None:
