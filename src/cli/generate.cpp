@@ -11,6 +11,7 @@
 
 #include "cli/common.h"
 #include "core/error.h"
+#include "engine/decode.h"
 #include "engine/device.h"
 #include "engine/engine.h"
 #include "engine/memory_plan.h"
@@ -31,6 +32,7 @@ struct GenerateOptions {
   engine::SamplingParams sampling;
   bool quiet = false;
   std::string prompt_cache;
+  bool speculative = false;
 };
 
 // Restores `file` into `seq` when the tokens it covers are a strict prefix of `prompt` (at least
@@ -97,11 +99,12 @@ int run_generate(const GenerateOptions& o) {
   const size_t device_free = backend->device_memory_free();  // 0: host memory, not planned
   const int64_t chunk =
       o.chunk > 0 ? o.chunk : engine::choose_chunk(c, layout, device_free, 1, context, default_chunk(o.device));
-  const engine::MemoryPlan plan = engine::plan_memory(c, model->checkpoint().total_bytes(), chunk, layout);
+  const engine::MemoryPlan plan =
+      engine::plan_memory(c, model->checkpoint().total_bytes(), chunk, layout, o.speculative);
   fmt::print(stderr, "{}", plan.describe(context));
   engine::require_fits(plan, device_free, backend->name(), 1, context);
   engine::Engine eng(*model, std::move(backend), layout);
-  engine::SequenceState seq = eng.new_sequence();
+  engine::SequenceState seq = eng.new_sequence(o.speculative);
   engine::Sampler sampler(o.sampling);
 
   double prefill_s = 0;
@@ -122,15 +125,19 @@ int run_generate(const GenerateOptions& o) {
                                       engine::state_fingerprint(c, model->weights(), numerics, eng.state_layout()), prompt,
                                       seq, eng.backend(), prefill, reused);
 
-  std::vector<int32_t> out;
+  engine::DecodeOptions decoding;
+  decoding.max_tokens = o.max_tokens;
+  decoding.eos = int32_t(c.eos_token_id);
+  decoding.speculative = o.speculative;
+  engine::DecodeStats stats;
   const auto t0 = std::chrono::steady_clock::now();
-  for (int64_t i = 0; i < o.max_tokens; ++i) {
-    const int32_t next = sampler.sample(logits);
-    out.push_back(next);
-    if (!o.quiet) fmt::print("{}{}", i ? " " : "", next), std::fflush(stdout);
-    if (next == c.eos_token_id || i + 1 == o.max_tokens) break;
-    logits = eng.forward(seq, std::span<const int32_t>(&out.back(), 1), false);
-  }
+  const std::vector<int32_t> out = engine::decode(
+      eng, seq, std::move(logits), sampler, decoding,
+      [&, first = true](int32_t token) mutable {
+        if (!o.quiet) fmt::print("{}{}", first ? "" : " ", token), std::fflush(stdout);
+        first = false;
+      },
+      &stats);
   const double decode_s = seconds_since(t0);
   if (!o.quiet) fmt::print("\n"), std::fflush(stdout);
   const double decode_steps = double(std::max<size_t>(out.size(), 1) - 1);
@@ -139,6 +146,11 @@ int run_generate(const GenerateOptions& o) {
              double(n_prefilled) / prefill_s);
   fmt::print(stderr, "decode:  {} tokens in {:.3f} s ({:.1f} tok/s)\n", out.size(), decode_s,
              decode_steps > 0 ? decode_steps / decode_s : 0.0);
+  if (o.speculative)
+    fmt::print(stderr, "speculative: {} steps, {} of {} drafts accepted ({:.1f}%), {:.2f} tokens per step\n",
+               stats.steps, stats.accepted, stats.drafted,
+               stats.drafted ? 100.0 * double(stats.accepted) / double(stats.drafted) : 0.0,
+               stats.steps ? decode_steps / double(stats.steps) : 0.0);
   return 0;
 }
 
@@ -159,6 +171,8 @@ const bool registered = register_command({"generate", "Generate tokens from a pr
                      "prefill chunk in tokens (default: the largest the memory plan allows, at most 2048 on cuda, "
                      "512 on cpu)");
       app.add_flag("--quiet", o->quiet, "print only the timing");
+      app.add_flag("--speculative", o->speculative,
+                   "speculative decoding with the checkpoint's MTP block as the draft: the same tokens in fewer steps");
       app.add_option("--prompt-cache", o->prompt_cache,
                      "state file: resume from it when it holds a prefix of the prompt, then save the prompt's state to it");
       return [o] { return run_generate(*o); };

@@ -110,7 +110,7 @@ void Engine::attention_sublayer(const model::LayerWeights& lw, std::span<const S
 
   Buffer o(b, size_t(T * H * hd));
   for (const Segment& s : segments) {
-    LayerState& ls = s.seq->layers[size_t(lw.il)];
+    LayerState& ls = s.seq->layer(lw.il);
     const int64_t n = s.n, p0 = s.p0;
     CompressedRows comp;
     IdBuffer selected;

@@ -63,7 +63,10 @@ class Engine {
   // (exact there) and f32 in plain.
   Engine(const Model& model, std::unique_ptr<Backend> backend, std::optional<StateLayout> layout = {});
 
-  SequenceState new_sequence() { return SequenceState(*backend_, model_.config(), model_.weights(), layout_); }
+  // With `drafts`, the sequence also keeps the MTP block's state, for draft().
+  SequenceState new_sequence(bool drafts = false) {
+    return SequenceState(*backend_, model_.config(), model_.weights(), layout_, drafts);
+  }
   StateLayout state_layout() const { return layout_; }
 
   // Runs `tokens` at positions [seq.n_past, seq.n_past + T) in one layer-major pass and advances
@@ -86,6 +89,14 @@ class Engine {
   std::vector<float> prefill(SequenceState& seq, std::span<const int32_t> tokens, int64_t chunk, bool all_logits,
                              const Progress& progress = {});
 
+  // Speculative decoding's draft (architecture.md §3.8): the MTP block runs each position the
+  // sequence ran since its last draft with the token after it, `next` for the last one (the token
+  // just chosen from the main logits), and its logits there guess the token after `next`. Returns
+  // those logits ([vocab]), or with all_logits every position's ([positions, vocab]). The block only
+  // runs tokens known to be right: after a rejected draft, undo() the sequence first. Needs a
+  // sequence made with drafts.
+  std::vector<float> draft(SequenceState& seq, int32_t next, bool all_logits = false);
+
   const model::ModelConfig& config() const { return model_.config(); }
   const model::Weights& weights() const { return model_.weights(); }
   Backend& backend() { return *backend_; }
@@ -101,6 +112,14 @@ class Engine {
   void moe_sublayer(const model::LayerWeights& lw, const int32_t* tokens, int64_t T, float* X, const Tracer* tracer);
   // Rejects bad tokens, positions past the model's limit and a sequence given twice.
   void validate(std::span<const Step> steps) const;
+  // Keeps a drafting sequence's final hc rows of a step ([tokens, hc, D]) and its tokens for draft().
+  void keep_for_draft(SequenceState& seq, const float* X, std::span<const int32_t> tokens);
+  // draft() with the logits wanted (none: only to move the MTP block along, as prefill does).
+  std::vector<float> run_draft(SequenceState& seq, int32_t next, LogitRows logits);
+  // HC head, norm and LM head over n final hc rows X ([n, hc, D]) into logits ([n, vocab]), with the
+  // model's HC head and norm or the MTP block's; traced under the two names given.
+  void head(const model::HcParams& hc_head, const std::vector<float>& norm, const float* X, int64_t n,
+            float* logits, const Tracer* tracer, const char* y_name, const char* logits_name);
 
   // Every sublayer is wrapped the same way (§3.2): mHC pre collapses the hc streams into the
   // normalised sublayer input x; mHC post mixes the sublayer output back into the streams.

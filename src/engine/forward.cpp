@@ -75,6 +75,9 @@ std::vector<std::vector<float>> Engine::forward_batch(std::span<const Step> step
     attention_sublayer(lw, segments, T, X.get(), tracer);
     moe_sublayer(lw, ids.get(), T, X.get(), tracer);
   }
+  for (const Segment& s : segments)
+    if (s.seq->draft)
+      keep_for_draft(*s.seq, X.get() + s.row0 * hc * D, std::span<const int32_t>(all_tokens).subspan(size_t(s.row0), size_t(s.n)));
 
   // Logits only for the rows asked for: the head is the largest matrix of the model. The wanted
   // rows of X are gathered first so the head runs once.
@@ -92,12 +95,8 @@ std::vector<std::vector<float>> Engine::forward_batch(std::span<const Step> step
       const int64_t first = segments[i].row0 + segments[i].n - n_out_of[i];
       b.copy(X_out.get() + int64_t(row) * hc * D, X.get() + first * hc * D, size_t(n_out_of[i] * hc * D));
     }
-    Buffer y(b, size_t(n_out * D)), z(b, size_t(n_out * D)), logits(b, size_t(n_out * V));
-    b.hc_head(w.hc_head, X_out.get(), n_out, hc, D, c.hc_eps, c.rms_norm_eps, y.get());
-    trace(tracer, "final.y", y.get(), {n_out, D});
-    b.rms_norm(y.get(), w.norm.data(), n_out, D, c.rms_norm_eps, z.get());
-    b.linear(w.head, Compute::f32, z.get(), n_out, logits.get());
-    trace(tracer, "logits", logits.get(), {n_out, V});
+    Buffer logits(b, size_t(n_out * V));
+    head(w.hc_head, w.norm, X_out.get(), n_out, logits.get(), tracer, "final.y", "logits");
     for (size_t i = 0, row = 0; i < steps.size(); row += size_t(n_out_of[i]), ++i) {
       out[i].resize(size_t(n_out_of[i] * V));
       if (n_out_of[i] > 0) b.to_host(out[i].data(), logits.get() + int64_t(row) * V, out[i].size());
@@ -105,6 +104,19 @@ std::vector<std::vector<float>> Engine::forward_batch(std::span<const Step> step
   }
   for (const Step& s : steps) s.seq->n_past += int64_t(s.tokens.size());
   return out;
+}
+
+void Engine::head(const model::HcParams& hc_head, const std::vector<float>& norm, const float* X, int64_t n,
+                  float* logits, const Tracer* tracer, const char* y_name, const char* logits_name) {
+  const model::ModelConfig& c = config();
+  const int64_t D = c.hidden_size;
+  Backend& b = *backend_;
+  Buffer y(b, size_t(n * D)), z(b, size_t(n * D));
+  b.hc_head(hc_head, X, n, c.hc_mult, D, c.hc_eps, c.rms_norm_eps, y.get());
+  trace(tracer, y_name, y.get(), {n, D});
+  b.rms_norm(y.get(), norm.data(), n, D, c.rms_norm_eps, z.get());
+  b.linear(model_.weights().head, Compute::f32, z.get(), n, logits);
+  trace(tracer, logits_name, logits, {n, c.vocab_size});
 }
 
 std::vector<float> Engine::prefill(SequenceState& seq, std::span<const int32_t> tokens, int64_t chunk,
@@ -119,6 +131,9 @@ std::vector<float> Engine::prefill(SequenceState& seq, std::span<const int32_t> 
                     all_logits ? LogitRows::all : last ? LogitRows::last : LogitRows::none};
     std::vector<float> part = std::move(forward_batch(std::span<const Step>(&step, 1))[0]);
     out.insert(out.end(), part.begin(), part.end());
+    // A drafting sequence's MTP block follows chunk by chunk (it keeps the chunk's rows until
+    // then), up to the prompt's last position, whose next token is not known yet.
+    if (seq.draft && !last) run_draft(seq, tokens[size_t(t0 + n)], LogitRows::none);
     if (progress) progress(t0 + n, T);
   }
   return out;

@@ -15,10 +15,11 @@ static std::string human(double bytes) {
   return fmt::format("{:.2f} {}", bytes, units[u]);
 }
 
-MemoryPlan plan_memory(const model::ModelConfig& c, size_t weight_bytes, int64_t chunk_tokens, StateLayout layout) {
+MemoryPlan plan_memory(const model::ModelConfig& c, size_t weight_bytes, int64_t chunk_tokens, StateLayout layout,
+                       bool drafts) {
   MemoryPlan p;
   p.weight_bytes = weight_bytes;
-  p.running_weight_bytes = model::expected_bytes(c, false);
+  p.running_weight_bytes = model::expected_bytes(c, drafts);
   p.chunk_tokens = chunk_tokens;
   p.layout = layout;
   const double v = sizeof(float);
@@ -38,6 +39,9 @@ MemoryPlan plan_memory(const model::ModelConfig& c, size_t weight_bytes, int64_t
         break;
     }
   }
+  if (drafts)  // the MTP block's rings, and the final hc rows kept for it: a chunk's, and a step's
+    p.state_fixed_bytes += size_t(double(c.n_mtp_layers * c.sliding_window * c.head_dim) * v +
+                                  double((std::max<int64_t>(chunk_tokens, 1) + 2) * c.hc_mult * c.hidden_size) * v);
   // The largest per-chunk working set: the HC state in and out, q and attention output, the
   // indexer's scores of every visible key (the CUDA backend scores at most 2^26 per pass), and the
   // MoE's per-token expert outputs (bounded by its token chunk).

@@ -13,7 +13,7 @@ namespace dsv4::engine {
 
 struct MemoryPlan {
   size_t weight_bytes = 0;            // as stored (mapped, not copied)
-  size_t running_weight_bytes = 0;    // those the engine runs (all but the MTP block): a GPU holds these
+  size_t running_weight_bytes = 0;    // those the engine runs (the MTP block only for drafts): a GPU holds these
   size_t state_fixed_bytes = 0;       // per sequence: rings and compressor carries
   double state_bytes_per_token = 0;   // per sequence: compressed rows and indexer keys, amortised
   size_t activation_bytes = 0;        // per prefill chunk, largest layer's working set (estimate)
@@ -27,9 +27,10 @@ struct MemoryPlan {
 };
 
 // Compressed rows and indexer keys take their size in `layout` (core/row_format.h); rings,
-// carries and activations are fp32.
+// carries and activations are fp32. With `drafts` (speculative decoding), sequences also keep the
+// MTP block's ring and a chunk's final hc rows, and the engine runs the block's weights.
 MemoryPlan plan_memory(const model::ModelConfig& config, size_t weight_bytes, int64_t chunk_tokens,
-                       StateLayout layout);
+                       StateLayout layout, bool drafts = false);
 
 // Refuses, naming every part and the shortfall, when the weights the engine runs, the state of
 // `sequences` sequences at `context_tokens` each and one chunk's activations exceed the

@@ -44,8 +44,21 @@ static CompressorState make_compressor_state(Backend& b, const model::Compressor
   return {Buffer(b, n), Buffer(b, n)};
 }
 
+// f(weights, carry, emitted rows) for each compressor of a layer: the main one, then the indexer's.
+template <class Layer, class F>
+static void for_each_compressor(const model::LayerWeights& lw, Layer& ls, F f) {
+  if (lw.attn.compressor) f(*lw.attn.compressor, ls.compressor, ls.compressed);
+  if (lw.attn.indexer) f(lw.attn.indexer->compressor, ls.index_compressor, ls.index_keys);
+}
+
+// A ratio-4 compressor moves its current window to rows 0–3 of the carry when position q
+// completes it (cpu/compressor.cpp).
+static bool moves_window(const model::CompressorWeights& cw, int64_t q) {
+  return cw.ratio == 4 && (q + 1) % cw.ratio == 0;
+}
+
 SequenceState::SequenceState(Backend& backend, const model::ModelConfig& c, const model::Weights& weights,
-                             StateLayout layout)
+                             StateLayout layout, bool drafts)
     : backend_(backend), weights_(weights), layout_(layout) {
   if (layout == StateLayout::compact && backend.numerics() != Numerics::deepseek)
     fail(ErrorCode::invalid_input,
@@ -66,22 +79,69 @@ SequenceState::SequenceState(Backend& backend, const model::ModelConfig& c, cons
     }
     layers.push_back(std::move(ls));
   }
+  if (drafts) {
+    if (weights.mtp.empty()) fail(ErrorCode::invalid_input, "drafting needs the checkpoint's MTP block; it has none");
+    draft = std::make_unique<DraftState>();
+    for (size_t m = 0; m < weights.mtp.size(); ++m) {
+      LayerState ls;
+      ls.ring = Buffer(backend, size_t(c.sliding_window * c.head_dim));
+      draft->layers.push_back(std::move(ls));
+    }
+  }
   reset();
+}
+
+LayerState& SequenceState::layer(int64_t il) {
+  if (il < int64_t(layers.size())) return layers[size_t(il)];
+  DSV4_CHECK(draft && il - int64_t(layers.size()) < int64_t(draft->layers.size()), "layer {}: no such state", il);
+  return draft->layers[size_t(il) - layers.size()];
 }
 
 void SequenceState::reset() {
   n_past = 0;
-  for (size_t il = 0; il < layers.size(); ++il) {
-    LayerState& ls = layers[il];
-    const model::LayerWeights& lw = weights_.layers[il];
-    if (lw.attn.compressor) {
-      ls.compressed.clear();
-      backend_.compressor_reset(*lw.attn.compressor, ls.compressor.carry());
-    }
-    if (lw.attn.indexer) {
-      ls.index_keys.clear();
-      backend_.compressor_reset(lw.attn.indexer->compressor, ls.index_compressor.carry());
-    }
+  for (size_t il = 0; il < layers.size(); ++il)
+    for_each_compressor(weights_.layers[il], layers[il],
+                        [&](const model::CompressorWeights& cw, CompressorState& carry, RowStore& rows) {
+                          rows.clear();
+                          backend_.compressor_reset(cw, carry.carry());
+                        });
+  if (draft) draft->n_past = 0, draft->tokens.clear();
+}
+
+UndoPoint SequenceState::undo_point(int64_t position) const {
+  UndoPoint point;
+  point.position = position;
+  for (size_t il = 0; il < layers.size(); ++il)
+    for_each_compressor(weights_.layers[il], layers[il],
+                        [&](const model::CompressorWeights& cw, const CompressorState& carry, const RowStore&) {
+                          if (!moves_window(cw, position)) return;
+                          const size_t n = size_t(4 * cw.width());
+                          Buffer saved(backend_, 2 * n);
+                          backend_.copy(saved.get(), carry.a.get(), n);
+                          backend_.copy(saved.get() + n, carry.s.get(), n);
+                          point.previous_windows.push_back(std::move(saved));
+                        });
+  return point;
+}
+
+void SequenceState::undo(const UndoPoint& point) {
+  DSV4_CHECK(n_past == point.position + 1, "undo: the sequence is at position {}, the undo point is for {}", n_past,
+             point.position);
+  n_past = point.position;
+  size_t next_saved = 0;
+  for (size_t il = 0; il < layers.size(); ++il)
+    for_each_compressor(weights_.layers[il], layers[il],
+                        [&](const model::CompressorWeights& cw, CompressorState& carry, RowStore& rows) {
+                          rows.truncate(n_past / cw.ratio);
+                          if (!moves_window(cw, point.position)) return;
+                          const size_t n = size_t(4 * cw.width());
+                          const Buffer& saved = point.previous_windows[next_saved++];
+                          backend_.copy(carry.a.get(), saved.get(), n);
+                          backend_.copy(carry.s.get(), saved.get() + n, n);
+                        });
+  if (draft) {
+    DSV4_CHECK(draft->n_past <= n_past, "undo: the MTP block already ran position {}", n_past);
+    if (draft->n_past + draft->pending() > n_past) draft->tokens.pop_back();
   }
 }
 
@@ -132,12 +192,13 @@ void check_fits(const StateSnapshot& snap, const std::vector<LayerState>& layers
 
 void SequenceState::repeat_to(int64_t n_tokens) {
   DSV4_CHECK(n_tokens >= n_past, "repeat_to: {} tokens is less than the {} held", n_tokens, n_past);
-  for (size_t il = 0; il < layers.size(); ++il) {
-    const model::LayerWeights& lw = weights_.layers[il];
-    if (lw.attn.compressor) layers[il].compressed.repeat_to(n_tokens / lw.attn.compressor->ratio);
-    if (lw.attn.indexer) layers[il].index_keys.repeat_to(n_tokens / lw.attn.indexer->compressor.ratio);
-  }
+  for (size_t il = 0; il < layers.size(); ++il)
+    for_each_compressor(weights_.layers[il], layers[il],
+                        [&](const model::CompressorWeights& cw, CompressorState&, RowStore& rows) {
+                          rows.repeat_to(n_tokens / cw.ratio);
+                        });
   n_past = n_tokens;
+  if (draft) draft->n_past = n_past, draft->tokens.clear();
 }
 
 StateSnapshot SequenceState::snapshot() const {
@@ -181,6 +242,7 @@ void SequenceState::restore(const StateSnapshot& snap) {
     restore_carry(ls.compressor, l.compressor_a, l.compressor_s);
     restore_carry(ls.index_compressor, l.index_compressor_a, l.index_compressor_s);
   }
+  if (draft) draft->n_past = n_past, draft->tokens.clear();
 }
 
 size_t SequenceState::bytes() const {
@@ -189,6 +251,10 @@ size_t SequenceState::bytes() const {
     n += (ls.ring.size() + ls.compressor.a.size() + ls.compressor.s.size() + ls.index_compressor.a.size() +
           ls.index_compressor.s.size()) * sizeof(float) +
          ls.compressed.bytes_reserved() + ls.index_keys.bytes_reserved();
+  if (draft) {
+    for (const LayerState& ls : draft->layers) n += ls.ring.size() * sizeof(float);
+    n += draft->hidden.size() * sizeof(float);
+  }
   return n;
 }
 

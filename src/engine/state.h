@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "backend/backend.h"
@@ -32,6 +33,8 @@ class RowStore {
   // Grows to n rows by repeating the rows held so far cyclically (at least one).
   void repeat_to(int64_t n);
   void clear() { n_ = 0; }
+  // Drops the rows after the first n.
+  void truncate(int64_t n) { n_ = n < n_ ? n : n_; }
   const float* data() const { return buffer_.get(); }
   int64_t rows() const { return n_; }
   const RowFormat& format() const { return format_; }
@@ -59,6 +62,24 @@ struct LayerState {
   CompressorState index_compressor;  //                (CSA)
 };
 
+// What the MTP block (architecture.md §3.8) keeps for a sequence that drafts (speculative decoding).
+// The block runs position q with the token of q + 1, so it trails the sequence: positions wait here
+// (the main model's final hc rows, and the tokens fed at them) until the token after the last one
+// is known (Engine::draft). It only ever runs accepted tokens, so undo() leaves its ring alone.
+struct DraftState {
+  std::vector<LayerState> layers;  // one per MTP block: its sliding-window ring
+  int64_t n_past = 0;              // positions the block has run
+  Buffer hidden;                   // [≥ pending, hc, D]: final hc rows of positions [n_past, seq.n_past)
+  std::vector<int32_t> tokens;     // the tokens fed at those positions
+  int64_t pending() const { return int64_t(tokens.size()); }
+};
+
+// What undo() needs to take back one position (below).
+struct UndoPoint {
+  int64_t position = -1;
+  std::vector<Buffer> previous_windows;  // each ratio-4 carry's rows 0–3 (a, then s), when needed
+};
+
 // A sequence's whole state at one position, kept for prefix reuse (the prefix cache): the ring,
 // the compressed rows and indexer keys so far, and the fp32 compressor carries. The ring and the
 // carries are overwritten as a sequence advances, so they are copied; compressed rows only depend
@@ -80,8 +101,9 @@ struct StateSnapshot {
 class SequenceState {
  public:
   // The compact layout needs deepseek numerics (plain rows are not quantized): refused otherwise.
+  // With `drafts`, it also keeps the MTP block's state (DraftState).
   SequenceState(Backend& backend, const model::ModelConfig& config, const model::Weights& weights,
-                StateLayout layout);
+                StateLayout layout, bool drafts = false);
   // Back to an empty sequence (compressor carries to a = 0, s = −∞).
   void reset();
   StateSnapshot snapshot() const;
@@ -93,9 +115,24 @@ class SequenceState {
   // Puts the sequence in the snapshot's state (continuing from there gives bit-identical results).
   // A snapshot that does not fit this sequence (layers, buffer sizes, row counts for its position)
   // is refused with invalid_input and the sequence is left as it was.
+  // (A drafting sequence's MTP block starts again from there, its ring empty: snapshots do not
+  // hold it. Drafts then see less context for a while; what is generated does not change.)
   void restore(const StateSnapshot& snapshot);
+
+  // Taking back the last position, a rejected draft token. undo_point(q), before the step that
+  // runs position q, records what only q changes for good: when q completes a window, the
+  // previous window of each ratio-4 compressor carry (completing a window moves the current one
+  // there). undo(point), with the sequence just past q, puts it back at q: rows emitted at q are
+  // dropped and those carries restored. The ring needs nothing: the slot q wrote held position
+  // q − window, which no later position reads, and q's own row is written again when q runs again.
+  UndoPoint undo_point(int64_t position) const;
+  void undo(const UndoPoint& point);
+
   int64_t n_past = 0;  // positions already processed
   std::vector<LayerState> layers;
+  std::unique_ptr<DraftState> draft;  // null: the sequence does not draft
+  // Layer il's state: the main layers', then (il ≥ their count) the MTP blocks'.
+  LayerState& layer(int64_t il);
   size_t bytes() const;
   StateLayout layout() const { return layout_; }
 

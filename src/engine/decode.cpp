@@ -1,0 +1,61 @@
+#include "engine/decode.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace dsv4::engine {
+
+namespace {
+
+int32_t argmax(std::span<const float> logits) {
+  return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
+}  // namespace
+
+std::vector<int32_t> decode(Engine& engine, SequenceState& seq, std::vector<float> logits, Sampler& sampler,
+                            const DecodeOptions& o, const std::function<void(int32_t)>& on_token, DecodeStats* stats) {
+  if (o.speculative && !seq.draft) fail(ErrorCode::invalid_input, "speculative decoding needs a sequence with drafts");
+  const int64_t V = engine.config().vocab_size;
+  DecodeStats local;
+  DecodeStats& st = stats ? *stats : local;
+  std::vector<int32_t> out;
+  // Takes `token` as the next output; false when generation ends with it.
+  auto emit = [&](int32_t token) {
+    out.push_back(token);
+    if (on_token) on_token(token);
+    return token != o.eos && int64_t(out.size()) < o.max_tokens;
+  };
+  if (o.max_tokens <= 0) return out;
+  int32_t next = sampler.sample(logits);
+  if (!emit(next)) return out;
+  const int64_t max_position = engine.config().max_position_embeddings;
+  while (true) {
+    if (!o.speculative || seq.n_past + 2 > max_position) {  // no room left for a draft: plain steps
+      logits = engine.forward(seq, std::span<const int32_t>(&next, 1), false);
+      ++st.steps;
+      next = sampler.sample(logits);
+      if (!emit(next)) return out;
+      continue;
+    }
+    const std::vector<float> draft_logits = engine.draft(seq, next);
+    const int32_t draft = o.choose_draft ? o.choose_draft(draft_logits) : argmax(draft_logits);
+    const UndoPoint undo = seq.undo_point(seq.n_past + 1);
+    const int32_t fed[2] = {next, draft};
+    logits = engine.forward(seq, fed, true);  // [2, V]: after `next`, after the draft
+    ++st.steps, ++st.drafted;
+    const int32_t chosen = sampler.sample(std::span<const float>(logits).first(size_t(V)));
+    if (chosen != draft) seq.undo(undo);
+    if (!emit(chosen)) return out;
+    if (chosen != draft) {
+      next = chosen;
+      continue;
+    }
+    ++st.accepted;
+    next = sampler.sample(std::span<const float>(logits).subspan(size_t(V)));
+    if (!emit(next)) return out;
+  }
+}
+
+}  // namespace dsv4::engine
