@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "engine/device.h"
 #include "engine/engine.h"
+#include "engine/decode.h"
 #include "engine/sampler.h"
 #include "tokenizer/chat_format.h"
 #include "tokenizer/output_parser.h"
@@ -31,6 +32,7 @@ struct ChatCliOptions {
   std::string effort;
   int64_t max_tokens = 256;
   engine::SamplingParams sampling{0.6f, 0, 0.95f, 0};
+  bool speculative = false;
 };
 
 int run_chat(const ChatCliOptions& o) {
@@ -41,7 +43,7 @@ int run_chat(const ChatCliOptions& o) {
     fail(ErrorCode::invalid_input, "{}: vocabulary of {} tokens, the tokenizer has {}: not a chat model", o.model,
          c.vocab_size, tok.vocab_size());
   engine::Engine eng(*model, engine::make_backend(o.device, parse_numerics(o.numerics)));
-  engine::SequenceState seq = eng.new_sequence();
+  engine::SequenceState seq = eng.new_sequence(o.speculative);
   engine::Sampler sampler(o.sampling);
   const bool tty = isatty(STDOUT_FILENO);
   const char* dim = tty ? "\033[2m" : "";
@@ -87,13 +89,15 @@ int run_chat(const ChatCliOptions& o) {
       }
       std::fflush(stdout);
     };
-    for (int64_t i = 0; i < o.max_tokens; ++i) {
-      const int32_t next = sampler.sample(logits);
-      show(parser.feed(decoder.push(next)));
-      if (next == c.eos_token_id || seq.n_past + 1 >= c.max_position_embeddings) break;
-      logits = eng.forward(seq, std::span<const int32_t>(&next, 1), false);
-      processed.push_back(next);
-    }
+    engine::DecodeOptions decoding;
+    decoding.max_tokens = o.max_tokens;
+    decoding.eos = int32_t(c.eos_token_id);
+    decoding.speculative = o.speculative;
+    const std::vector<int32_t> reply_ids = engine::decode(
+        eng, seq, std::move(logits), sampler, decoding,
+        [&](int32_t token) { show(parser.feed(decoder.push(token))); });
+    if (!reply_ids.empty())  // the sequence ran all but the last
+      processed.insert(processed.end(), reply_ids.begin(), reply_ids.end() - 1);
     show(parser.feed(decoder.finish()));
     std::vector<tk::ParserDelta> last;
     const tk::ParsedMessage reply = parser.finish(&last);
@@ -121,6 +125,7 @@ const bool registered = register_command({"chat", "Chat in the terminal (V4 prom
       app.add_option("--seed", o->sampling.seed)->capture_default_str();
       app.add_option("--numerics", o->numerics, "deepseek | plain")->capture_default_str();
       app.add_option("--device", o->device, "cpu | cuda")->capture_default_str();
+      app.add_flag("--speculative", o->speculative, "speculative decoding with the MTP block's drafts (as generate)");
       return [o] { return run_chat(*o); };
     }});
 

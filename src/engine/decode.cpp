@@ -31,8 +31,8 @@ std::vector<int32_t> decode(Engine& engine, SequenceState& seq, std::vector<floa
   int32_t next = sampler.sample(logits);
   if (!emit(next)) return out;
   const int64_t max_position = engine.config().max_position_embeddings;
-  while (true) {
-    if (!o.speculative || seq.n_past + 2 > max_position) {  // no room left for a draft: plain steps
+  while (seq.n_past + 1 <= max_position) {  // else the last token chosen has no position to run at
+    if (!o.speculative || seq.n_past + 2 > max_position) {  // no room for a draft: a plain step
       logits = engine.forward(seq, std::span<const int32_t>(&next, 1), false);
       ++st.steps;
       next = sampler.sample(logits);
@@ -46,16 +46,21 @@ std::vector<int32_t> decode(Engine& engine, SequenceState& seq, std::vector<floa
     logits = engine.forward(seq, fed, true);  // [2, V]: after `next`, after the draft
     ++st.steps, ++st.drafted;
     const int32_t chosen = sampler.sample(std::span<const float>(logits).first(size_t(V)));
-    if (chosen != draft) seq.undo(undo);
-    if (!emit(chosen)) return out;
     if (chosen != draft) {
+      seq.undo(undo);
+      if (!emit(chosen)) return out;
       next = chosen;
       continue;
     }
     ++st.accepted;
+    if (!emit(chosen)) {  // the sequence holds every token emitted but the last, as after a plain step
+      seq.undo(undo);
+      return out;
+    }
     next = sampler.sample(std::span<const float>(logits).subspan(size_t(V)));
     if (!emit(next)) return out;
   }
+  return out;
 }
 
 }  // namespace dsv4::engine

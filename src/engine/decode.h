@@ -31,8 +31,9 @@ struct DecodeStats {
 // draft together and keep the draft when the sampler, on the chosen token's logits, picks it; else
 // the sequence takes the draft back (SequenceState::undo). The sampler sees the same logits in the
 // same order as without speculation (the engine's logits do not depend on how tokens are grouped
-// into steps), so the tokens are the same, bit for bit, in fewer steps. Speculative decoding needs
-// a sequence made with drafts.
+// into steps), so the tokens are the same, bit for bit, in fewer steps. Either way the sequence
+// ends up holding every token emitted but the last (whose logits were not needed), and generation
+// stops early at the model's last position. Speculative decoding needs a sequence made with drafts.
 std::vector<int32_t> decode(Engine& engine, SequenceState& seq, std::vector<float> logits, Sampler& sampler,
                             const DecodeOptions& options, const std::function<void(int32_t)>& on_token = {},
                             DecodeStats* stats = nullptr);

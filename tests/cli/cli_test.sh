@@ -26,6 +26,8 @@ expect() {
 expect inspect 0 "layer schedule" -- "$dsv4" inspect --model "$model"
 expect generate 0 "decode:" -- "$dsv4" generate --model "$model" --prompt-ids "0, 5, 9" --max-tokens 4
 expect generate_greedy_is_deterministic 0 "" -- bash -c "[ \"\$('$dsv4' generate --model '$model' --prompt-ids '1,2,3' --max-tokens 6 2>/dev/null)\" = \"\$('$dsv4' generate --model '$model' --prompt-ids '1,2,3' --max-tokens 6 2>/dev/null)\" ]"
+expect generate_speculative 0 "drafts accepted" -- "$dsv4" generate --model "$model" --prompt-ids "0, 5, 9" --max-tokens 4 --speculative
+expect generate_speculative_same_tokens 0 "" -- bash -c "[ \"\$('$dsv4' generate --model '$model' --prompt-ids '1,2,3' --max-tokens 12 --temperature 0.7 --seed 3 2>/dev/null)\" = \"\$('$dsv4' generate --model '$model' --prompt-ids '1,2,3' --max-tokens 12 --temperature 0.7 --seed 3 --speculative 2>/dev/null)\" ]"
 echo '{"tokens": [0, 1, 2, 3]}' > "$tmp/t.json"
 expect logits 0 "4 x 256 float32" -- "$dsv4" logits --model "$model" --input "$tmp/t.json" --output "$tmp/l.bin"
 expect logits_size 0 "" -- test "$(stat -c %s "$tmp/l.bin")" -eq $((4 * 256 * 4))

@@ -122,7 +122,9 @@ TEST(Draft, SpeculativeDecodingGeneratesWhatPlainDecodingDoes) {
       o.speculative = speculative;
       o.choose_draft = choose;
       emitted = 0;
-      return decode(engine, seq, std::move(logits), sampler, o, [&](int32_t) { ++emitted; }, stats);
+      const std::vector<int32_t> out = decode(engine, seq, std::move(logits), sampler, o, [&](int32_t) { ++emitted; }, stats);
+      EXPECT_EQ(seq.n_past, int64_t(prompt.size() + out.size()) - 1) << "the sequence holds all but the last token";
+      return out;
     };
     const std::vector<int32_t> plain = run(false, {}, nullptr);
     ASSERT_EQ(plain.size(), 40u);

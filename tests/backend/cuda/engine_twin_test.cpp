@@ -1,10 +1,11 @@
 // The engine end to end on the CUDA backend: logits on the committed fixtures against the oracle
 // references (the thresholds of tests/engine/oracle_test.cpp) and against the CPU engine (ideally
-// bit for bit), chunked prefill / decode on the GPU against one pass, and state files moved
-// between the GPU and the CPU.
+// bit for bit), chunked prefill / decode on the GPU against one pass, state files moved
+// between the GPU and the CPU, and the MTP block's drafts and speculative decoding.
 #include <cstdio>
 #include <filesystem>
 
+#include "engine/decode.h"
 #include "engine/engine.h"
 #include "engine/state_file.h"
 #include "../../engine/fixtures.h"
@@ -146,6 +147,62 @@ TEST(CudaEngineState, StateFileMovesBetweenTheGpuAndTheCpu) {
     EXPECT_EQ(identical(got, want), int64_t(want.size())) << "loaded on " << eng->backend().name();
   }
   std::filesystem::remove(path);
+}
+
+// The MTP block's draft logits on the GPU equal the CPU's (positions in uneven steps, 299 of them
+// past two turns of its window), and speculative decoding on the GPU generates what plain decoding
+// on the GPU and on the CPU do, with scripted drafts right every other time.
+TEST(CudaEngineState, DraftsAndSpeculativeDecodingMatchTheCpu) {
+  DSV4_REQUIRE_GPU();
+  auto model = Model::load(fixture_model("tiny-flash"));
+  const std::vector<int32_t> all = read_tokens(fixture_logits("tiny-flash") + "/tokens.json");
+  const int64_t V = model->config().vocab_size;
+  auto drafts = [&](Engine& eng) {
+    SequenceState seq = eng.new_sequence(true);
+    std::vector<float> out;
+    int64_t p = 0;
+    for (int64_t n : {1, 37, 64, 100, 97}) {
+      eng.forward(seq, std::span<const int32_t>(all).subspan(size_t(p), size_t(n)), false);
+      p += n;
+      const std::vector<float> part = eng.draft(seq, all[size_t(p)], true);
+      out.insert(out.end(), part.begin(), part.end());
+    }
+    return out;
+  };
+  for (Numerics numerics : {Numerics::deepseek, Numerics::plain}) {
+    Engine gpu(*model, make_cuda_backend(numerics)), cpu(*model, make_cpu_backend(numerics));
+    const std::vector<float> g = drafts(gpu), c = drafts(cpu);
+    ASSERT_EQ(g.size(), size_t(299 * V));
+    std::printf("[ e2e      ] tiny-flash MTP drafts %s vs CPU engine: bit-identical %lld/%lld\n", to_string(numerics),
+                (long long)identical(g, c), (long long)g.size());
+    EXPECT_EQ(identical(g, c), int64_t(g.size())) << to_string(numerics);
+  }
+
+  const std::vector<int32_t> prompt(all.begin(), all.begin() + 120);
+  engine::SamplingParams sampling;
+  sampling.temperature = 0.8f;
+  sampling.seed = 7;
+  int64_t emitted = 0, guesses = 0;
+  std::vector<int32_t> plain;
+  auto run = [&](Engine& eng, bool speculative) {
+    SequenceState seq = eng.new_sequence(speculative);
+    std::vector<float> logits = eng.prefill(seq, prompt, 50, false);
+    engine::Sampler sampler(sampling);
+    engine::DecodeOptions o;
+    o.max_tokens = 40;
+    o.speculative = speculative;
+    if (!plain.empty())
+      o.choose_draft = [&](std::span<const float>) {
+        const int32_t right = plain[size_t(emitted)];
+        return guesses++ % 2 == 0 ? right : (right + 1) % int32_t(V);
+      };
+    emitted = 0;
+    return engine::decode(eng, seq, std::move(logits), sampler, o, [&](int32_t) { ++emitted; });
+  };
+  Engine gpu(*model, make_cuda_backend(Numerics::deepseek)), cpu(*model, make_cpu_backend(Numerics::deepseek));
+  plain = run(cpu, false);
+  EXPECT_EQ(run(gpu, false), plain);
+  EXPECT_EQ(run(gpu, true), plain);
 }
 
 }  // namespace dsv4::test
