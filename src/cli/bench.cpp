@@ -12,6 +12,11 @@
 //
 // Each decode row also reports the sequence's state bytes, and the state the whole model (all
 // layers of the preset or checkpoint) would hold at that context in the same layout.
+//
+// --speculative also times speculative decoding's step at each context (batch 1): the MTP block's
+// draft, then the token and its draft in one forward. Random weights make the drafts wrong, so the
+// figure is the step's cost; the tokens/s it would give at acceptance rates a trained model's MTP
+// block reaches are printed beside the plain decode.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -19,6 +24,7 @@
 #include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 
 #include <unistd.h>
@@ -28,6 +34,7 @@
 #include "engine/device.h"
 #include "engine/engine.h"
 #include "engine/memory_plan.h"
+#include "engine/sampler.h"
 #include "model/synthetic.h"
 
 #ifndef DSV4_COMMIT
@@ -54,6 +61,7 @@ struct BenchOptions {
   std::string json;
   bool profile = false;
   bool kernels = false;
+  bool speculative = false;
   // $DSV4_COMMIT first: the configure-time commit is stale after later commits, and a copy of the
   // tree on another machine may carry stale git metadata.
   std::string commit = std::getenv("DSV4_COMMIT") ? std::getenv("DSV4_COMMIT") : DSV4_COMMIT;
@@ -113,10 +121,6 @@ std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint64_t seed) {
   return ids;
 }
 
-int32_t argmax(const std::vector<float>& logits) {
-  return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
-}
-
 // --kernels: the decode GEMV alone, on one large matrix per weight format (random codes), at
 // T = 1: many products queued back to back, so the GPU never waits for the host, and the
 // bytes of weights read per second against the memory bandwidth.
@@ -169,10 +173,47 @@ void bench_kernels(engine::Engine& eng, const model::Linear& embed, const BenchO
   }
 }
 
+// Speculative decoding's step, timed over `steps` steps from a drafting copy of `seq`'s state: the
+// draft, and the forward of the chosen token with it (the draft taken back when it is not chosen).
+struct SpeculativeTiming {
+  double draft_s = 0, verify_s = 0;
+  int64_t accepted = 0;
+};
+
+SpeculativeTiming time_speculative(engine::Engine& eng, const engine::SequenceState& seq, int32_t first,
+                                   int64_t steps) {
+  engine::SequenceState spec = eng.new_sequence(true);
+  spec.restore(seq.snapshot());
+  const int64_t V = eng.config().vocab_size;
+  int32_t next = first;
+  next = engine::argmax(eng.forward(spec, std::span<const int32_t>(&next, 1), false));  // a position to draft from
+  SpeculativeTiming t;
+  for (int64_t i = 0; i < steps; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    const int32_t draft = engine::argmax(eng.draft(spec, next));
+    t.draft_s += seconds_since(t0);
+    t0 = std::chrono::steady_clock::now();
+    const engine::UndoPoint undo = spec.undo_point(spec.n_past + 1);
+    const int32_t fed[2] = {next, draft};
+    const std::vector<float> logits = eng.forward(spec, fed, true);
+    const int32_t chosen = engine::argmax(std::span<const float>(logits).first(size_t(V)));
+    if (chosen == draft) {
+      ++t.accepted;
+      next = engine::argmax(std::span<const float>(logits).subspan(size_t(V)));
+    } else {
+      spec.undo(undo);
+      next = chosen;
+    }
+    t.verify_s += seconds_since(t0);
+  }
+  return t;
+}
+
 int run_bench(BenchOptions o) {
   if (o.model.empty() == o.synthetic.empty())
     fail(ErrorCode::invalid_input, "bench: give exactly one of --model DIR and --synthetic v4-flash|v4-pro");
   if (o.batch < 1) fail(ErrorCode::invalid_input, "bench: --batch {}: at least one sequence", o.batch);
+  if (o.speculative && o.batch != 1) fail(ErrorCode::invalid_input, "bench: --speculative times batch 1 only");
   const std::vector<int64_t> prompt_lens = parse_lengths(o.prompt_lens, "--prompt-lens");
   const std::vector<int64_t> contexts = parse_lengths(o.contexts, "--contexts");
 
@@ -191,9 +232,11 @@ int run_bench(BenchOptions o) {
     if (o.chunk <= 0)
       o.chunk = engine::choose_chunk(config, layout, backend->device_memory_free(), 1, longest,
                                      default_chunk(o.device));
-    const engine::MemoryPlan plan = engine::plan_memory(config, stored_bytes, o.chunk, layout);
+    const engine::MemoryPlan plan = engine::plan_memory(config, stored_bytes, o.chunk, layout, o.speculative);
     fmt::print(stderr, "{}", plan.describe(longest));
-    engine::require_fits(plan, backend->device_memory_free(), backend->name(), o.batch, longest);
+    // --speculative: a drafting copy of the sequence beside it
+    engine::require_fits(plan, backend->device_memory_free(), backend->name(), o.batch + (o.speculative ? 1 : 0),
+                         longest);
   };
   if (!o.synthetic.empty()) {
     std::string text = model::preset_config(o.synthetic);
@@ -284,7 +327,9 @@ int run_bench(BenchOptions o) {
       }
       std::vector<engine::SequenceState*> seqs = {&seq};
       for (engine::SequenceState& s : copies) seqs.push_back(&s);
-      std::vector<int32_t> next(size_t(o.batch), argmax(logits));
+      std::vector<int32_t> next(size_t(o.batch), engine::argmax(logits));
+      const std::optional<engine::StateSnapshot> before =
+          o.speculative ? std::optional(seq.snapshot()) : std::nullopt;  // where the speculative steps start
       // --profile: the CUDA backend's per-op table covers decode at the largest context only.
       if (o.profile && n == *std::max_element(contexts.begin(), contexts.end())) setenv("DSV4_CUDA_PROFILE", "1", 1);
       t0 = std::chrono::steady_clock::now();
@@ -292,7 +337,7 @@ int run_bench(BenchOptions o) {
         std::vector<engine::Step> steps;
         for (size_t b = 0; b < seqs.size(); ++b) steps.push_back({seqs[b], std::span<const int32_t>(&next[b], 1)});
         const std::vector<std::vector<float>> out = eng.forward_batch(steps);
-        for (size_t b = 0; b < seqs.size(); ++b) next[b] = argmax(out[b]);
+        for (size_t b = 0; b < seqs.size(); ++b) next[b] = engine::argmax(out[b]);
       }
       const double decode_s = seconds_since(t0);
       const double steps_per_s = double(o.decode_tokens) / decode_s;
@@ -304,6 +349,26 @@ int run_bench(BenchOptions o) {
               {"hbm_fraction", bw / o.hbm_bytes_per_s}, {"state_bytes", seq.bytes()},
               {"state_bytes_all_layers", full_plan.state_bytes(n + o.decode_tokens)},
               {"all_layers", full_config.n_layers}});
+      if (o.speculative) {
+        engine::SequenceState start = eng.new_sequence();
+        start.restore(*before);
+        const SpeculativeTiming t = time_speculative(eng, start, engine::argmax(logits), o.decode_tokens);
+        const double step_s = (t.draft_s + t.verify_s) / double(o.decode_tokens), plain_s = 1.0 / steps_per_s;
+        nlohmann::ordered_json at;
+        std::string line;
+        for (double a : {0.7, 0.8, 0.9}) {
+          at[fmt::format("{:.1f}", a)] = (1.0 + a) / step_s;
+          line += fmt::format(", {:.0f}% accepted {:.1f} tok/s", 100 * a, (1.0 + a) / step_s);
+        }
+        fmt::print(stderr,
+                   "speculative at {}: draft {:.2f} ms + two-token step {:.2f} ms (plain step {:.2f} ms){}; "
+                   "{} of {} random-weight drafts accepted\n",
+                   n, 1e3 * t.draft_s / double(o.decode_tokens), 1e3 * t.verify_s / double(o.decode_tokens),
+                   1e3 * plain_s, line, t.accepted, o.decode_tokens);
+        report({{"phase", "speculative"}, {"context_tokens", n}, {"state", filled ? "filled" : "prefilled"},
+                {"steps", o.decode_tokens}, {"draft_s", t.draft_s}, {"verify_s", t.verify_s},
+                {"plain_step_s", plain_s}, {"accepted", t.accepted}, {"tok_s_at_acceptance", at}});
+      }
     }
     fmt::print("{:>9} {:>12} {:>10} {:>12} {:>10} {:>10} {:>11} {:>11}\n", n,
                filled ? "filled" : fmt::format("{:.1f}", prefill_tps), filled ? "-" : fmt::format("{:.4f}", fp8_frac),
@@ -353,6 +418,8 @@ const bool registered = register_command({"bench", "Prefill and decode speed, by
                    "cuda: GPU time per op class while decoding at the largest context, printed at the end (each "
                    "op is waited for: the tok/s of that context is then not a speed figure)");
       app.add_flag("--kernels", o->kernels, "also time the decode GEMV alone on one large FP8, FP4 and BF16 matrix");
+      app.add_flag("--speculative", o->speculative,
+                   "also time speculative decoding's step (MTP draft + two-token forward) at each context, batch 1");
       app.add_option("--commit", o->commit, "commit to record (default: $DSV4_COMMIT, else the build's)")->capture_default_str();
       app.add_option("--hbm-bytes-per-s", o->hbm_bytes_per_s, "memory bandwidth the fraction is taken of")
           ->capture_default_str();

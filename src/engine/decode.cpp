@@ -1,18 +1,8 @@
 #include "engine/decode.h"
 
-#include <algorithm>
-
 #include "core/error.h"
 
 namespace dsv4::engine {
-
-namespace {
-
-int32_t argmax(std::span<const float> logits) {
-  return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
-}
-
-}  // namespace
 
 std::vector<int32_t> decode(Engine& engine, SequenceState& seq, std::vector<float> logits, Sampler& sampler,
                             const DecodeOptions& o, const std::function<void(int32_t)>& on_token, DecodeStats* stats) {

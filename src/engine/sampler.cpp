@@ -7,10 +7,13 @@
 
 namespace dsv4::engine {
 
+int32_t argmax(std::span<const float> logits) {
+  return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
 int32_t Sampler::sample(std::span<const float> logits) {
   const int64_t V = int64_t(logits.size());
-  if (params_.temperature <= 0.0f)  // greedy; ties to the lower id
-    return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  if (params_.temperature <= 0.0f) return argmax(logits);
 
   // No truncation: sample the softmax directly (sorting 129 280 candidates per token costs more
   // than a decode step of a small model).

@@ -9,6 +9,9 @@
 
 namespace dsv4::engine {
 
+// The most likely token; ties go to the lower id (greedy sampling, and the draft model's guess).
+int32_t argmax(std::span<const float> logits);
+
 struct SamplingParams {
   float temperature = 0.0f;  // 0: greedy
   int64_t top_k = 0;         // 0: no limit

@@ -36,6 +36,8 @@ expect bench_json_lines 0 "" -- test "$(grep -c '"phase":' "$tmp/b.jsonl")" -eq 
 expect bench_batch 0 "decode batch 3" -- "$dsv4" bench --model "$model" --prompt-lens none --contexts 16 --decode-tokens 2 --batch 3 --json "$tmp/b3.jsonl"
 expect bench_batch_json 0 "" -- grep -q '"batch":3' "$tmp/b3.jsonl"
 expect bench_batch_positive 2 "batch" -- "$dsv4" bench --model "$model" --batch 0
+expect bench_speculative 0 "speculative at 16: draft" -- "$dsv4" bench --model "$model" --prompt-lens none --contexts 16 --decode-tokens 2 --speculative
+expect bench_speculative_batch_1 2 "batch 1 only" -- "$dsv4" bench --model "$model" --batch 2 --speculative
 expect bench_needs_one_model 2 "exactly one of --model" -- "$dsv4" bench --model "$model" --synthetic v4-flash
 
 # --prompt-cache: a repeated prompt resumes one token before its end and decodes the same tokens as
