@@ -42,6 +42,7 @@ struct ServeOptions {
   int64_t prefix_cache_mb = 512;
   int64_t preempt_after_steps = 0;
   std::string swap_dir;
+  bool speculative = false;
   int64_t max_body_mb = 8;
   double shutdown_grace_s = 30;
   std::string test_force_output;
@@ -78,7 +79,8 @@ int run_serve(const ServeOptions& o) {
          c.vocab_size, tok.vocab_size());
   const Numerics numerics = parse_numerics(o.numerics);
   const StateLayout layout = state_layout_option(o.state_layout, numerics);
-  const engine::MemoryPlan plan = engine::plan_memory(c, model->checkpoint().total_bytes(), o.prefill_chunk, layout);
+  const engine::MemoryPlan plan =
+      engine::plan_memory(c, model->checkpoint().total_bytes(), o.prefill_chunk, layout, o.speculative);
   std::unique_ptr<Backend> backend = engine::make_backend(o.device, numerics);
   const size_t device_free = backend->device_memory_free();  // 0: host memory, not checked
   const int64_t context = std::min(o.ctx, c.max_position_embeddings);
@@ -102,6 +104,7 @@ int run_serve(const ServeOptions& o) {
   so.prefix_cache_bytes = size_t(o.prefix_cache_mb) << 20;
   so.preempt_after_steps = o.preempt_after_steps;
   so.swap_dir = o.swap_dir;
+  so.speculative = o.speculative;
   engine::Scheduler scheduler(eng, plan, so);
 
   server::ServerOptions sv;
@@ -159,6 +162,8 @@ const bool registered = register_command({"serve", "OpenAI-compatible HTTP serve
           ->capture_default_str();
       app.add_option("--prefix-cache-mb", o->prefix_cache_mb, "budget for prefix-reuse snapshots")
           ->capture_default_str();
+      app.add_flag("--speculative", o->speculative,
+                   "speculative decoding with the MTP block's drafts: the same tokens in fewer steps");
       app.add_option("--preempt-after-steps", o->preempt_after_steps,
                      "when a request waits for room, park sequences that have run this many steps: their state "
                      "goes to a file in --swap-dir and they resume, bit-identically, before the queue (0: never)")

@@ -22,7 +22,9 @@ std::vector<int32_t> decode(Engine& engine, SequenceState& seq, std::vector<floa
   if (!emit(next)) return out;
   const int64_t max_position = engine.config().max_position_embeddings;
   while (seq.n_past + 1 <= max_position) {  // else the last token chosen has no position to run at
-    if (!o.speculative || seq.n_past + 2 > max_position) {  // no room for a draft: a plain step
+    // A plain step without speculation, without room for a draft, or with no position to draft
+    // from (a state just restored from a snapshot).
+    if (!o.speculative || seq.n_past + 2 > max_position || seq.draft->pending() == 0) {
       logits = engine.forward(seq, std::span<const int32_t>(&next, 1), false);
       ++st.steps;
       next = sampler.sample(logits);

@@ -13,23 +13,11 @@
 namespace dsv4::engine {
 
 void Engine::keep_for_draft(SequenceState& seq, const float* X, std::span<const int32_t> tokens) {
-  DraftState& d = *seq.draft;
-  const model::ModelConfig& c = config();
-  const int64_t row = c.hc_mult * c.hidden_size, kept = d.pending(), n = int64_t(tokens.size());
-  if (size_t((kept + n) * row) > d.hidden.size()) {  // grows by doubling, like the row stores
-    Buffer bigger(*backend_, size_t(std::max(2 * kept, kept + n) * row));
-    if (kept > 0) backend_->copy(bigger.get(), d.hidden.get(), size_t(kept * row));
-    d.hidden = std::move(bigger);
-  }
-  backend_->copy(d.hidden.get() + kept * row, X, size_t(n * row));
-  d.tokens.insert(d.tokens.end(), tokens.begin(), tokens.end());
+  seq.draft->hidden.append_stored(X, int64_t(tokens.size()));
+  seq.draft->tokens.insert(seq.draft->tokens.end(), tokens.begin(), tokens.end());
 }
 
-std::vector<float> Engine::draft(SequenceState& seq, int32_t next, bool all_logits) {
-  return run_draft(seq, next, all_logits ? LogitRows::all : LogitRows::last);
-}
-
-std::vector<float> Engine::run_draft(SequenceState& seq, int32_t next, LogitRows logits) {
+std::vector<float> Engine::draft(SequenceState& seq, int32_t next, LogitRows logits) {
   const model::ModelConfig& c = config();
   if (!seq.draft) fail(ErrorCode::invalid_input, "draft: the sequence was made without drafts");
   DraftState& d = *seq.draft;
@@ -50,7 +38,7 @@ std::vector<float> Engine::run_draft(SequenceState& seq, int32_t next, LogitRows
   Buffer e(b, size_t(rows * D)), en(b, size_t(rows * D)), hn(b, size_t(rows * D));
   b.embed(model_.weights().embed, ids.get(), n, hc, e.get());
   b.rms_norm(e.get(), mtp.enorm.data(), rows, D, c.rms_norm_eps, en.get());
-  b.rms_norm(d.hidden.get(), mtp.hnorm.data(), rows, D, c.rms_norm_eps, hn.get());
+  b.rms_norm(d.hidden.data(), mtp.hnorm.data(), rows, D, c.rms_norm_eps, hn.get());
   Buffer pe(b, size_t(rows * D)), ph(b, size_t(rows * D)), X(b, size_t(rows * D));
   b.linear(mtp.e_proj, Compute::quantized, en.get(), rows, pe.get());
   b.linear(mtp.h_proj, Compute::quantized, hn.get(), rows, ph.get());
@@ -60,7 +48,7 @@ std::vector<float> Engine::run_draft(SequenceState& seq, int32_t next, LogitRows
   attention_sublayer(mtp.block, std::span<const Segment>(&segment, 1), n, X.get(), nullptr);
   moe_sublayer(mtp.block, ids.get(), n, X.get(), nullptr);
   d.n_past += n;
-  d.tokens.clear();
+  d.clear_pending();
   if (logits == LogitRows::none) return {};
 
   const int64_t first = logits == LogitRows::all ? 0 : n - 1, n_out = n - first;

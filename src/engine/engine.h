@@ -92,10 +92,11 @@ class Engine {
   // Speculative decoding's draft (architecture.md §3.8): the MTP block runs each position the
   // sequence ran since its last draft with the token after it, `next` for the last one (the token
   // just chosen from the main logits), and its logits there guess the token after `next`. Returns
-  // those logits ([vocab]), or with all_logits every position's ([positions, vocab]). The block only
-  // runs tokens known to be right: after a rejected draft, undo() the sequence first. Needs a
-  // sequence made with drafts.
-  std::vector<float> draft(SequenceState& seq, int32_t next, bool all_logits = false);
+  // those logits ([vocab]; all: every position's, [positions, vocab]; none: nothing, the block
+  // only keeps up, as between prefill chunks). The block only runs tokens known to be right: after
+  // a rejected draft, undo() the sequence first. Needs a sequence made with drafts, with a
+  // position run since its last draft (DraftState::pending).
+  std::vector<float> draft(SequenceState& seq, int32_t next, LogitRows logits = LogitRows::last);
 
   const model::ModelConfig& config() const { return model_.config(); }
   const model::Weights& weights() const { return model_.weights(); }
@@ -114,8 +115,6 @@ class Engine {
   void validate(std::span<const Step> steps) const;
   // Keeps a drafting sequence's final hc rows of a step ([tokens, hc, D]) and its tokens for draft().
   void keep_for_draft(SequenceState& seq, const float* X, std::span<const int32_t> tokens);
-  // draft() with the logits wanted (none: only to move the MTP block along, as prefill does).
-  std::vector<float> run_draft(SequenceState& seq, int32_t next, LogitRows logits);
   // HC head, norm and LM head over n final hc rows X ([n, hc, D]) into logits ([n, vocab]), with the
   // model's HC head and norm or the MTP block's; traced under the two names given.
   void head(const model::HcParams& hc_head, const std::vector<float>& norm, const float* X, int64_t n,

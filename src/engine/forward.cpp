@@ -133,7 +133,7 @@ std::vector<float> Engine::prefill(SequenceState& seq, std::span<const int32_t> 
     out.insert(out.end(), part.begin(), part.end());
     // A drafting sequence's MTP block follows chunk by chunk (it keeps the chunk's rows until
     // then), up to the prompt's last position, whose next token is not known yet.
-    if (seq.draft && !last) run_draft(seq, tokens[size_t(t0 + n)], LogitRows::none);
+    if (seq.draft && !last) draft(seq, tokens[size_t(t0 + n)], LogitRows::none);
     if (progress) progress(t0 + n, T);
   }
   return out;

@@ -54,6 +54,8 @@ struct Scheduler::Sequence {
   int64_t cached_tokens = 0;
   int64_t n_generated = 0;
   int32_t next_token = -1;  // sampled, to be fed at the next step
+  int32_t draft = -1;       // speculative: fed after next_token this step, kept if it is chosen
+  std::optional<UndoPoint> undo;  // taking the draft back
   int64_t steps_since_admission = 0;  // steps run since it was admitted or resumed
   std::filesystem::path swap_file;    // parked: the state is here
   bool done = false;
@@ -206,7 +208,7 @@ void Scheduler::admit(Running& running) {
       next.stream->finish({FinishReason::cancelled, {}, int64_t(next.request.prompt.size()), 0, 0});
       continue;
     }
-    auto seq = std::make_unique<Sequence>(std::move(next), engine_.new_sequence());
+    auto seq = std::make_unique<Sequence>(std::move(next), engine_.new_sequence(options_.speculative));
     seq->cached_tokens = prefix_cache_.restore_longest_prefix(seq->request.prompt, *seq->state);
     seq->fed.assign(seq->request.prompt.begin(), seq->request.prompt.begin() + seq->cached_tokens);
     reserved += seq->reserve_bytes;
@@ -258,7 +260,7 @@ void Scheduler::resume(Running& running, size_t& reserved) {
   try {
     SavedState saved = load_state(s->swap_file, fingerprint_, engine_.backend());
     if (saved.tokens != s->fed) fail(ErrorCode::internal, "{} holds other tokens", s->swap_file.string());
-    s->state.emplace(engine_.new_sequence());
+    s->state.emplace(engine_.new_sequence(options_.speculative));
     s->state->restore(saved.snapshot);
   } catch (const std::exception& e) {
     std::filesystem::remove(s->swap_file);
@@ -304,7 +306,23 @@ void Scheduler::step(Running& running) {
   for (auto& s : running) {
     if (!s->prefilling()) {
       s->fed.push_back(s->next_token);
-      steps.push_back({&*s->state, std::span<const int32_t>(&s->fed.back(), 1), LogitRows::last});
+      // The draft's position is within the request's reservation and the context: a running
+      // sequence has generated fewer than max_tokens, and prompt + generated < context.
+      s->draft = -1;
+      if (options_.speculative && s->state->draft->pending() > 0) {  // none right after a resume
+        try {
+          const std::vector<float> draft_logits = engine_.draft(*s->state, s->next_token);
+          s->draft = options_.choose_draft ? options_.choose_draft(s->fed, draft_logits) : argmax(draft_logits);
+        } catch (const std::exception& e) {
+          finish(*s, FinishReason::error, e.what());
+          continue;
+        }
+        s->undo = s->state->undo_point(s->state->n_past + 1);
+        s->fed.push_back(s->draft);
+        ++drafted_;
+      }
+      const size_t n = s->draft >= 0 ? 2 : 1;
+      steps.push_back({&*s->state, std::span<const int32_t>(s->fed).last(n), n == 2 ? LogitRows::all : LogitRows::last});
       stepped.push_back(s.get());
       was_prefill.push_back(false);
     } else if (prefill_budget > 0) {
@@ -328,13 +346,38 @@ void Scheduler::step(Running& running) {
     return;
   }
 
+  const size_t V = size_t(engine_.config().vocab_size);
   for (size_t i = 0; i < stepped.size(); ++i) {
     Sequence& s = *stepped[i];
     const int64_t n_fed = int64_t(s.fed.size()), n_prompt = int64_t(s.request.prompt.size());
     if (was_prefill[i] && n_fed < n_prompt && next_snapshot(n_fed - 1, n_prompt) == n_fed)
       prefix_cache_.insert(s.fed, *s.state);
-    if (steps[i].logits == LogitRows::none) continue;
-    if (!emit_token(s, logits[i])) finish(s, s.next_token == eos_ ? FinishReason::stop : FinishReason::length);
+    auto end = [&] { finish(s, s.next_token == eos_ ? FinishReason::stop : FinishReason::length); };
+    if (steps[i].logits == LogitRows::none) {
+      // A drafting sequence's MTP block keeps up with its prefill (Engine::prefill does the same).
+      if (s.state->draft) try {
+          engine_.draft(*s.state, s.request.prompt[size_t(n_fed)], LogitRows::none);
+        } catch (const std::exception& e) {
+          finish(s, FinishReason::error, e.what());
+        }
+      continue;
+    }
+    if (s.draft < 0) {
+      if (!emit_token(s, logits[i])) end();
+      continue;
+    }
+    const std::span<const float> both(logits[i]);
+    const bool more = emit_token(s, both.first(V));
+    if (s.next_token == s.draft) ++accepted_;
+    // The draft is taken back when not chosen, and when generation ends on it: `fed` is what the
+    // state holds, every token emitted but the last (as without speculation).
+    if (s.next_token != s.draft || !more) {
+      s.state->undo(*s.undo);
+      s.fed.pop_back();
+      if (!more) end();
+      continue;
+    }
+    if (!emit_token(s, both.subspan(V))) end();
   }
   std::erase_if(running, [](const auto& s) { return s->done; });
   for (auto& s : running) ++s->steps_since_admission;
@@ -345,6 +388,7 @@ void Scheduler::step(Running& running) {
   st.running = int64_t(running.size() + parked_.size());
   st.parked = int64_t(parked_.size());
   st.preemptions = preemptions_;
+  st.drafted = drafted_, st.accepted = accepted_;
   st.queued = int64_t(queue_.size());
   st.prefix_cache_bytes = prefix_cache_.bytes();
   st.prefix_cache_entries = int64_t(prefix_cache_.entries());

@@ -1,7 +1,8 @@
 // The continuous-batching scheduler: one engine thread owns the Engine and runs every admitted
 // request together. Each step takes every running decode (one token each) plus prefill chunks up
 // to a token budget, as one forward_batch; finished and cancelled sequences free their state at
-// once, and queued requests are admitted as soon as there is room.
+// once, and queued requests are admitted as soon as there is room. With speculative decoding a
+// decode also feeds its draft token, and emits one or two tokens.
 //
 // Admission is by memory: each request reserves the state its prompt plus max_tokens can grow to
 // (memory_plan.h), and the reservations of running requests plus the step's activations stay
@@ -23,6 +24,7 @@
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -97,12 +99,19 @@ struct SchedulerOptions {
   int64_t snapshot_interval = 256;  // prefill positions where the prefix cache keeps state
   int64_t preempt_after_steps = 0;  // steps a sequence runs before it may be parked; 0: never
   std::string swap_dir;             // where parked state goes; empty: the system's temporary directory
+  // Speculative decoding (engine/decode.h): each decode step also feeds the MTP block's draft of
+  // the token after and keeps it when sampling picks it. The tokens are those without it.
+  bool speculative = false;
+  // Test-only: the draft from what the sequence was fed (ending with the token the draft follows)
+  // and the MTP block's logits, instead of their argmax.
+  std::function<int32_t(std::span<const int32_t> fed, std::span<const float> draft_logits)> choose_draft;
 };
 
 struct SchedulerStats {
   int64_t running = 0, queued = 0;
   int64_t parked = 0;             // preempted, their state in files
   int64_t preemptions = 0;        // since start
+  int64_t drafted = 0, accepted = 0;  // speculative draft tokens fed since start, and kept
   size_t state_bytes = 0;         // state of live sequences
   size_t reserved_bytes = 0;      // what admission reserved for them
   size_t prefix_cache_bytes = 0;
@@ -162,6 +171,7 @@ class Scheduler {
   StateFingerprint fingerprint_;                 // of parked state files
   std::deque<std::unique_ptr<Sequence>> parked_;  // engine thread only, in parking order
   int64_t preemptions_ = 0;
+  int64_t drafted_ = 0, accepted_ = 0;
   int64_t swap_files_ = 0;                       // names them
 
   mutable std::mutex mutex_;

@@ -82,6 +82,7 @@ SequenceState::SequenceState(Backend& backend, const model::ModelConfig& c, cons
   if (drafts) {
     if (weights.mtp.empty()) fail(ErrorCode::invalid_input, "drafting needs the checkpoint's MTP block; it has none");
     draft = std::make_unique<DraftState>();
+    draft->hidden = RowStore(backend, RowFormat::plain(int32_t(c.hc_mult * c.hidden_size)));
     for (size_t m = 0; m < weights.mtp.size(); ++m) {
       LayerState ls;
       ls.ring = Buffer(backend, size_t(c.sliding_window * c.head_dim));
@@ -105,7 +106,7 @@ void SequenceState::reset() {
                           rows.clear();
                           backend_.compressor_reset(cw, carry.carry());
                         });
-  if (draft) draft->n_past = 0, draft->tokens.clear();
+  if (draft) draft->n_past = 0, draft->clear_pending();
 }
 
 UndoPoint SequenceState::undo_point(int64_t position) const {
@@ -141,7 +142,7 @@ void SequenceState::undo(const UndoPoint& point) {
                         });
   if (draft) {
     DSV4_CHECK(draft->n_past <= n_past, "undo: the MTP block already ran position {}", n_past);
-    if (draft->n_past + draft->pending() > n_past) draft->tokens.pop_back();
+    if (draft->n_past + draft->pending() > n_past) draft->tokens.pop_back(), draft->hidden.truncate(draft->pending());
   }
 }
 
@@ -198,7 +199,7 @@ void SequenceState::repeat_to(int64_t n_tokens) {
                           rows.repeat_to(n_tokens / cw.ratio);
                         });
   n_past = n_tokens;
-  if (draft) draft->n_past = n_past, draft->tokens.clear();
+  if (draft) draft->n_past = n_past, draft->clear_pending();
 }
 
 StateSnapshot SequenceState::snapshot() const {
@@ -242,7 +243,7 @@ void SequenceState::restore(const StateSnapshot& snap) {
     restore_carry(ls.compressor, l.compressor_a, l.compressor_s);
     restore_carry(ls.index_compressor, l.index_compressor_a, l.index_compressor_s);
   }
-  if (draft) draft->n_past = n_past, draft->tokens.clear();
+  if (draft) draft->n_past = n_past, draft->clear_pending();
 }
 
 size_t SequenceState::bytes() const {
@@ -253,7 +254,7 @@ size_t SequenceState::bytes() const {
          ls.compressed.bytes_reserved() + ls.index_keys.bytes_reserved();
   if (draft) {
     for (const LayerState& ls : draft->layers) n += ls.ring.size() * sizeof(float);
-    n += draft->hidden.size() * sizeof(float);
+    n += draft->hidden.bytes_reserved();
   }
   return n;
 }

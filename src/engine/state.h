@@ -69,9 +69,10 @@ struct LayerState {
 struct DraftState {
   std::vector<LayerState> layers;  // one per MTP block: its sliding-window ring
   int64_t n_past = 0;              // positions the block has run
-  Buffer hidden;                   // [≥ pending, hc, D]: final hc rows of positions [n_past, seq.n_past)
+  RowStore hidden;                 // [pending, hc·D]: final hc rows of positions [n_past, seq.n_past)
   std::vector<int32_t> tokens;     // the tokens fed at those positions
   int64_t pending() const { return int64_t(tokens.size()); }
+  void clear_pending() { hidden.clear(), tokens.clear(); }
 };
 
 // What undo() needs to take back one position (below).

@@ -77,6 +77,8 @@ std::string Metrics::render(const engine::SchedulerStats& stats) const {
   gauge(out, "dsv4_queued_requests", "Requests waiting for admission.", double(stats.queued));
   gauge(out, "dsv4_parked_sequences", "Preempted sequences whose state waits in a file.", double(stats.parked));
   counter(out, "dsv4_preemptions_total", "Sequences parked to make room for waiting requests.", stats.preemptions);
+  counter(out, "dsv4_draft_tokens_total", "Speculative draft tokens fed (serve --speculative).", stats.drafted);
+  counter(out, "dsv4_draft_tokens_accepted_total", "Of them, the ones sampling then chose.", stats.accepted);
   gauge(out, "dsv4_sequence_state_bytes", "Memory held by live sequences' state.", double(stats.state_bytes));
   gauge(out, "dsv4_reserved_state_bytes", "State memory reserved by admission for live sequences.",
         double(stats.reserved_bytes));

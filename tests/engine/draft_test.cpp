@@ -31,7 +31,7 @@ std::vector<float> draft_logits(Engine& engine, const std::vector<int32_t>& toke
   for (int64_t n : chunks) {
     engine.forward(seq, std::span<const int32_t>(tokens).subspan(size_t(p), size_t(n)), false);
     p += n;
-    const std::vector<float> part = engine.draft(seq, tokens[size_t(p)], true);
+    const std::vector<float> part = engine.draft(seq, tokens[size_t(p)], LogitRows::all);
     EXPECT_EQ(int64_t(part.size()), n * engine.config().vocab_size);
     all.insert(all.end(), part.begin(), part.end());
   }
@@ -90,8 +90,8 @@ TEST(Draft, UndoLeavesNoTrace) {
       const std::vector<float> got = engine.forward(detour, tokens.subspan(size_t(q), 9), true);
       ASSERT_EQ(want.size(), got.size());
       EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)));
-      const std::vector<float> want_draft = engine.draft(clean, tokens[size_t(q) + 9], true);
-      const std::vector<float> got_draft = engine.draft(detour, tokens[size_t(q) + 9], true);
+      const std::vector<float> want_draft = engine.draft(clean, tokens[size_t(q) + 9], LogitRows::all);
+      const std::vector<float> got_draft = engine.draft(detour, tokens[size_t(q) + 9], LogitRows::all);
       ASSERT_EQ(want_draft.size(), got_draft.size());
       EXPECT_EQ(0, std::memcmp(want_draft.data(), got_draft.data(), want_draft.size() * sizeof(float)));
     }

@@ -330,6 +330,32 @@ class ToolCallTest(unittest.TestCase):
         self.assertNotIn("DSML", r.choices[0].message.content or "")
 
 
+class SpeculativeTest(unittest.TestCase):
+    """serve --speculative answers exactly what the plain server does (greedy, seeded, streamed), and
+    /metrics counts the drafts."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.plain = Server("--max-seqs", "2", "--ctx", "512")
+        cls.spec = Server("--max-seqs", "2", "--ctx", "512", "--speculative")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.plain.stop()
+        cls.spec.stop()
+
+    def test_same_answers(self):
+        for kw in (dict(temperature=0, max_tokens=24), dict(temperature=0.9, seed=5, max_tokens=24)):
+            want = chat(self.plain, **kw).choices[0].message.content
+            self.assertEqual(chat(self.spec, **kw).choices[0].message.content, want)
+            streamed = "".join(c.choices[0].delta.content or "" for c in chat(self.spec, stream=True, **kw) if c.choices)
+            self.assertEqual(streamed, want)
+        metrics = self.spec.get("/metrics")[1]
+        drafted = re.search(r"^dsv4_draft_tokens_total (\d+)", metrics, re.M)
+        self.assertIsNotNone(drafted, metrics)
+        self.assertGreater(int(drafted.group(1)), 0)
+
+
 class ShutdownTest(unittest.TestCase):
     def test_sigterm_finishes_in_flight_requests_and_exits_0(self):
         server = Server()

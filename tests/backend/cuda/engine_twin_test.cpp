@@ -164,7 +164,7 @@ TEST(CudaEngineState, DraftsAndSpeculativeDecodingMatchTheCpu) {
     for (int64_t n : {1, 37, 64, 100, 97}) {
       eng.forward(seq, std::span<const int32_t>(all).subspan(size_t(p), size_t(n)), false);
       p += n;
-      const std::vector<float> part = eng.draft(seq, all[size_t(p)], true);
+      const std::vector<float> part = eng.draft(seq, all[size_t(p)], engine::LogitRows::all);
       out.insert(out.end(), part.begin(), part.end());
     }
     return out;
