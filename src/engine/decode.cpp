@@ -4,10 +4,25 @@
 
 namespace dsv4::engine {
 
+DraftOutcome settle_draft(SequenceState& seq, const UndoPoint& undo, int32_t draft, std::span<const float> logits,
+                          const std::function<std::pair<int32_t, bool>(std::span<const float>)>& choose) {
+  const size_t V = logits.size() / 2;
+  DraftOutcome r;
+  const auto [chosen, more] = choose(logits.first(V));
+  r.accepted = chosen == draft;
+  if (!r.accepted || !more) {
+    seq.undo(undo);
+    r.undone = true;
+    r.more = more;
+    return r;
+  }
+  r.more = choose(logits.subspan(V)).second;
+  return r;
+}
+
 std::vector<int32_t> decode(Engine& engine, SequenceState& seq, std::vector<float> logits, Sampler& sampler,
                             const DecodeOptions& o, const std::function<void(int32_t)>& on_token, DecodeStats* stats) {
   if (o.speculative && !seq.draft) fail(ErrorCode::invalid_input, "speculative decoding needs a sequence with drafts");
-  const int64_t V = engine.config().vocab_size;
   DecodeStats local;
   DecodeStats& st = stats ? *stats : local;
   std::vector<int32_t> out;
@@ -37,20 +52,13 @@ std::vector<int32_t> decode(Engine& engine, SequenceState& seq, std::vector<floa
     const int32_t fed[2] = {next, draft};
     logits = engine.forward(seq, fed, true);  // [2, V]: after `next`, after the draft
     ++st.steps, ++st.drafted;
-    const int32_t chosen = sampler.sample(std::span<const float>(logits).first(size_t(V)));
-    if (chosen != draft) {
-      seq.undo(undo);
-      if (!emit(chosen)) return out;
-      next = chosen;
-      continue;
-    }
-    ++st.accepted;
-    if (!emit(chosen)) {  // the sequence holds every token emitted but the last, as after a plain step
-      seq.undo(undo);
-      return out;
-    }
-    next = sampler.sample(std::span<const float>(logits).subspan(size_t(V)));
-    if (!emit(next)) return out;
+    const DraftOutcome r = settle_draft(seq, undo, draft, logits, [&](std::span<const float> row) {
+      const int32_t token = sampler.sample(row);
+      return std::pair{token, emit(token)};
+    });
+    st.accepted += r.accepted;
+    if (!r.more) return out;
+    next = out.back();
   }
   return out;
 }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "engine/engine.h"
@@ -25,6 +26,19 @@ struct DecodeStats {
   int64_t drafted = 0;   // draft tokens fed
   int64_t accepted = 0;  // of them, the ones the sampler then chose
 };
+
+// The end of a speculative step that fed [token, draft] and got their logits ([2, vocab]): `choose`
+// picks (and reports) a token from a row of logits and says whether generation goes on. The token
+// chosen on the first row is emitted; when it is the draft and generation goes on, so is the one
+// chosen on the second row. Otherwise the sequence takes the draft back (SequenceState::undo), so
+// it holds every token emitted but the last, as after a plain step.
+struct DraftOutcome {
+  bool accepted = false;  // the first choice was the draft
+  bool undone = false;    // the draft was taken back
+  bool more = false;      // generation goes on
+};
+DraftOutcome settle_draft(SequenceState& seq, const UndoPoint& undo, int32_t draft, std::span<const float> logits,
+                          const std::function<std::pair<int32_t, bool>(std::span<const float>)>& choose);
 
 // Generates from the logits of the sequence's last position: up to max_tokens tokens, stopping after
 // eos, each passed to on_token as it is chosen. Speculative steps feed the chosen token and its

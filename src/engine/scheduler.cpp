@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "engine/decode.h"
 
 namespace dsv4::engine {
 
@@ -346,7 +347,6 @@ void Scheduler::step(Running& running) {
     return;
   }
 
-  const size_t V = size_t(engine_.config().vocab_size);
   for (size_t i = 0; i < stepped.size(); ++i) {
     Sequence& s = *stepped[i];
     const int64_t n_fed = int64_t(s.fed.size()), n_prompt = int64_t(s.request.prompt.size());
@@ -366,18 +366,13 @@ void Scheduler::step(Running& running) {
       if (!emit_token(s, logits[i])) end();
       continue;
     }
-    const std::span<const float> both(logits[i]);
-    const bool more = emit_token(s, both.first(V));
-    if (s.next_token == s.draft) ++accepted_;
-    // The draft is taken back when not chosen, and when generation ends on it: `fed` is what the
-    // state holds, every token emitted but the last (as without speculation).
-    if (s.next_token != s.draft || !more) {
-      s.state->undo(*s.undo);
-      s.fed.pop_back();
-      if (!more) end();
-      continue;
-    }
-    if (!emit_token(s, both.subspan(V))) end();
+    const DraftOutcome r = settle_draft(*s.state, *s.undo, s.draft, logits[i], [&](std::span<const float> row) {
+      const bool more = emit_token(s, row);
+      return std::pair{s.next_token, more};
+    });
+    accepted_ += r.accepted;
+    if (r.undone) s.fed.pop_back();  // fed stays what the state holds
+    if (!r.more) end();
   }
   std::erase_if(running, [](const auto& s) { return s->done; });
   for (auto& s : running) ++s->steps_since_admission;
