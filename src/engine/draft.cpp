@@ -18,45 +18,59 @@ void Engine::keep_for_draft(SequenceState& seq, const float* X, std::span<const 
 }
 
 std::vector<float> Engine::draft(SequenceState& seq, int32_t next, LogitRows logits) {
+  const DraftStep step{&seq, next, logits};
+  return std::move(draft_batch(std::span<const DraftStep>(&step, 1))[0]);
+}
+
+std::vector<std::vector<float>> Engine::draft_batch(std::span<const DraftStep> steps) {
   const model::ModelConfig& c = config();
-  if (!seq.draft) fail(ErrorCode::invalid_input, "draft: the sequence was made without drafts");
-  DraftState& d = *seq.draft;
-  const int64_t n = d.pending();
-  if (n == 0) fail(ErrorCode::invalid_input, "draft: no position ran since the last draft");
-  if (next < 0 || next >= c.vocab_size)
-    fail(ErrorCode::invalid_input, "draft: token {} outside the vocabulary [0, {})", next, c.vocab_size);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const DraftStep& s = steps[i];
+    if (!s.seq->draft) fail(ErrorCode::invalid_input, "draft: the sequence was made without drafts");
+    if (s.seq->draft->pending() == 0) fail(ErrorCode::invalid_input, "draft: no position ran since the last draft");
+    if (s.next < 0 || s.next >= c.vocab_size)
+      fail(ErrorCode::invalid_input, "draft: token {} outside the vocabulary [0, {})", s.next, c.vocab_size);
+    for (size_t j = 0; j < i; ++j)
+      if (steps[j].seq == s.seq) fail(ErrorCode::invalid_input, "draft_batch: steps {} and {}: the same sequence", j, i);
+  }
   const model::MtpWeights& mtp = model_.weights().mtp[0];
-  const int64_t D = c.hidden_size, hc = c.hc_mult, rows = n * hc;
+  const int64_t D = c.hidden_size, hc = c.hc_mult;
   Backend& b = *backend_;
 
-  // Each position's next token: the one fed after it, and `next` after the last.
-  std::vector<int32_t> after(d.tokens.begin() + 1, d.tokens.end());
-  after.push_back(next);
-  IdBuffer ids(b, size_t(n));
-  b.ids_from_host(ids.get(), after.data(), size_t(n));
+  // The batch's rows: each sequence's waiting positions, in step order, and the token after each:
+  // the one fed after it, and `next` after the last.
+  std::vector<Segment> segments;
+  std::vector<int32_t> after;
+  for (const DraftStep& s : steps) {
+    const DraftState& d = *s.seq->draft;
+    segments.push_back({s.seq, int64_t(after.size()), d.pending(), d.n_past});
+    after.insert(after.end(), d.tokens.begin() + 1, d.tokens.end());
+    after.push_back(s.next);
+  }
+  const int64_t T = int64_t(after.size()), rows = T * hc;
+  IdBuffer ids(b, size_t(T));
+  b.ids_from_host(ids.get(), after.data(), size_t(T));
+  Buffer hidden(b, steps.size() > 1 ? size_t(rows * D) : 0);  // one sequence's rows are used in place
+  for (size_t i = 0; i < steps.size() && steps.size() > 1; ++i)
+    b.copy(hidden.get() + segments[i].row0 * hc * D, steps[i].seq->draft->hidden.data(), size_t(segments[i].n * hc * D));
+  const float* H = steps.size() > 1 ? hidden.get() : steps[0].seq->draft->hidden.data();
 
   Buffer e(b, size_t(rows * D)), en(b, size_t(rows * D)), hn(b, size_t(rows * D));
-  b.embed(model_.weights().embed, ids.get(), n, hc, e.get());
+  b.embed(model_.weights().embed, ids.get(), T, hc, e.get());
   b.rms_norm(e.get(), mtp.enorm.data(), rows, D, c.rms_norm_eps, en.get());
-  b.rms_norm(d.hidden.data(), mtp.hnorm.data(), rows, D, c.rms_norm_eps, hn.get());
+  b.rms_norm(H, mtp.hnorm.data(), rows, D, c.rms_norm_eps, hn.get());
   Buffer pe(b, size_t(rows * D)), ph(b, size_t(rows * D)), X(b, size_t(rows * D));
   b.linear(mtp.e_proj, Compute::quantized, en.get(), rows, pe.get());
   b.linear(mtp.h_proj, Compute::quantized, hn.get(), rows, ph.get());
   b.add(pe.get(), ph.get(), rows * D, X.get());
 
-  const Segment segment{&seq, 0, n, d.n_past};
-  attention_sublayer(mtp.block, std::span<const Segment>(&segment, 1), n, X.get(), nullptr);
-  moe_sublayer(mtp.block, ids.get(), n, X.get(), nullptr);
-  d.n_past += n;
-  d.clear_pending();
-  if (logits == LogitRows::none) return {};
+  attention_sublayer(mtp.block, segments, T, X.get(), nullptr);
+  moe_sublayer(mtp.block, ids.get(), T, X.get(), nullptr);
+  for (const DraftStep& s : steps) s.seq->draft->n_past += s.seq->draft->pending(), s.seq->draft->clear_pending();
 
-  const int64_t first = logits == LogitRows::all ? 0 : n - 1, n_out = n - first;
-  Buffer out(b, size_t(n_out * c.vocab_size));
-  head(mtp.hc_head, mtp.norm, X.get() + first * hc * D, n_out, out.get(), nullptr, "mtp.y", "mtp.logits");
-  std::vector<float> host(size_t(n_out * c.vocab_size));
-  b.to_host(host.data(), out.get(), host.size());
-  return host;
+  std::vector<LogitRows> wants;
+  for (const DraftStep& s : steps) wants.push_back(s.logits);
+  return segment_logits(segments, wants, X.get(), mtp.hc_head, mtp.norm, nullptr, "mtp.y", "mtp.logits");
 }
 
 }  // namespace dsv4::engine

@@ -97,6 +97,14 @@ class Engine {
   // a rejected draft, undo() the sequence first. Needs a sequence made with drafts, with a
   // position run since its last draft (DraftState::pending).
   std::vector<float> draft(SequenceState& seq, int32_t next, LogitRows logits = LogitRows::last);
+  // Several sequences' drafts in one pass of the block, as forward_batch: each sequence's logits
+  // are bit-identical to its draft alone. draft() is the batch of one.
+  struct DraftStep {
+    SequenceState* seq = nullptr;
+    int32_t next = 0;
+    LogitRows logits = LogitRows::last;
+  };
+  std::vector<std::vector<float>> draft_batch(std::span<const DraftStep> steps);
 
   const model::ModelConfig& config() const { return model_.config(); }
   const model::Weights& weights() const { return model_.weights(); }
@@ -115,10 +123,13 @@ class Engine {
   void validate(std::span<const Step> steps) const;
   // Keeps a drafting sequence's final hc rows of a step ([tokens, hc, D]) and its tokens for draft().
   void keep_for_draft(SequenceState& seq, const float* X, std::span<const int32_t> tokens);
-  // HC head, norm and LM head over n final hc rows X ([n, hc, D]) into logits ([n, vocab]), with the
-  // model's HC head and norm or the MTP block's; traced under the two names given.
-  void head(const model::HcParams& hc_head, const std::vector<float>& norm, const float* X, int64_t n,
-            float* logits, const Tracer* tracer, const char* y_name, const char* logits_name);
+  // The logits each segment asks for (none, its last row, all its rows) from the batch's final hc
+  // rows X ([T, hc, D]): HC head, norm and LM head, with the model's HC head and norm or the MTP
+  // block's, run once over the rows wanted; traced under the two names given.
+  std::vector<std::vector<float>> segment_logits(std::span<const Segment> segments, std::span<const LogitRows> wants,
+                                                 const float* X, const model::HcParams& hc_head,
+                                                 const std::vector<float>& norm, const Tracer* tracer,
+                                                 const char* y_name, const char* logits_name);
 
   // Every sublayer is wrapped the same way (§3.2): mHC pre collapses the hc streams into the
   // normalised sublayer input x; mHC post mixes the sublayer output back into the streams.

@@ -54,7 +54,7 @@ std::vector<std::vector<float>> Engine::forward_batch(std::span<const Step> step
   validate(steps);
   const model::ModelConfig& c = config();
   const model::Weights& w = model_.weights();
-  const int64_t D = c.hidden_size, hc = c.hc_mult, V = c.vocab_size;
+  const int64_t D = c.hidden_size, hc = c.hc_mult;
   Backend& b = *backend_;
 
   // The batch's rows: each step's tokens, concatenated in step order.
@@ -79,44 +79,48 @@ std::vector<std::vector<float>> Engine::forward_batch(std::span<const Step> step
     if (s.seq->draft)
       keep_for_draft(*s.seq, X.get() + s.row0 * hc * D, std::span<const int32_t>(all_tokens).subspan(size_t(s.row0), size_t(s.n)));
 
-  // Logits only for the rows asked for: the head is the largest matrix of the model. The wanted
-  // rows of X are gathered first so the head runs once.
-  std::vector<int64_t> n_out_of(steps.size(), 0);
-  int64_t n_out = 0;
-  for (size_t i = 0; i < steps.size(); ++i) {
-    const LogitRows want = steps[i].logits;
-    n_out_of[i] = want == LogitRows::all ? segments[i].n : want == LogitRows::last ? 1 : 0;
-    n_out += n_out_of[i];
-  }
-  std::vector<std::vector<float>> out(steps.size());
-  if (n_out > 0) {
-    Buffer X_out(b, size_t(n_out * hc * D));
-    for (size_t i = 0, row = 0; i < steps.size(); row += size_t(n_out_of[i]), ++i) {
-      const int64_t first = segments[i].row0 + segments[i].n - n_out_of[i];
-      b.copy(X_out.get() + int64_t(row) * hc * D, X.get() + first * hc * D, size_t(n_out_of[i] * hc * D));
-    }
-    Buffer logits(b, size_t(n_out * V));
-    head(w.hc_head, w.norm, X_out.get(), n_out, logits.get(), tracer, "final.y", "logits");
-    for (size_t i = 0, row = 0; i < steps.size(); row += size_t(n_out_of[i]), ++i) {
-      out[i].resize(size_t(n_out_of[i] * V));
-      if (n_out_of[i] > 0) b.to_host(out[i].data(), logits.get() + int64_t(row) * V, out[i].size());
-    }
-  }
+  std::vector<LogitRows> wants;
+  for (const Step& s : steps) wants.push_back(s.logits);
+  std::vector<std::vector<float>> out =
+      segment_logits(segments, wants, X.get(), w.hc_head, w.norm, tracer, "final.y", "logits");
   for (const Step& s : steps) s.seq->n_past += int64_t(s.tokens.size());
   return out;
 }
 
-void Engine::head(const model::HcParams& hc_head, const std::vector<float>& norm, const float* X, int64_t n,
-                  float* logits, const Tracer* tracer, const char* y_name, const char* logits_name) {
+std::vector<std::vector<float>> Engine::segment_logits(std::span<const Segment> segments,
+                                                       std::span<const LogitRows> wants, const float* X,
+                                                       const model::HcParams& hc_head, const std::vector<float>& norm,
+                                                       const Tracer* tracer, const char* y_name,
+                                                       const char* logits_name) {
   const model::ModelConfig& c = config();
-  const int64_t D = c.hidden_size;
+  const int64_t D = c.hidden_size, hc = c.hc_mult, V = c.vocab_size;
   Backend& b = *backend_;
-  Buffer y(b, size_t(n * D)), z(b, size_t(n * D));
-  b.hc_head(hc_head, X, n, c.hc_mult, D, c.hc_eps, c.rms_norm_eps, y.get());
-  trace(tracer, y_name, y.get(), {n, D});
-  b.rms_norm(y.get(), norm.data(), n, D, c.rms_norm_eps, z.get());
-  b.linear(model_.weights().head, Compute::f32, z.get(), n, logits);
-  trace(tracer, logits_name, logits, {n, c.vocab_size});
+  // Only the rows asked for: the head is the largest matrix of the model. They are gathered first
+  // so the head runs once.
+  std::vector<int64_t> n_out_of(segments.size(), 0);
+  int64_t n_out = 0;
+  for (size_t i = 0; i < segments.size(); ++i) {
+    n_out_of[i] = wants[i] == LogitRows::all ? segments[i].n : wants[i] == LogitRows::last ? 1 : 0;
+    n_out += n_out_of[i];
+  }
+  std::vector<std::vector<float>> out(segments.size());
+  if (n_out == 0) return out;
+  Buffer X_out(b, size_t(n_out * hc * D));
+  for (size_t i = 0, row = 0; i < segments.size(); row += size_t(n_out_of[i]), ++i) {
+    const int64_t first = segments[i].row0 + segments[i].n - n_out_of[i];
+    b.copy(X_out.get() + int64_t(row) * hc * D, X + first * hc * D, size_t(n_out_of[i] * hc * D));
+  }
+  Buffer y(b, size_t(n_out * D)), z(b, size_t(n_out * D)), logits(b, size_t(n_out * V));
+  b.hc_head(hc_head, X_out.get(), n_out, hc, D, c.hc_eps, c.rms_norm_eps, y.get());
+  trace(tracer, y_name, y.get(), {n_out, D});
+  b.rms_norm(y.get(), norm.data(), n_out, D, c.rms_norm_eps, z.get());
+  b.linear(model_.weights().head, Compute::f32, z.get(), n_out, logits.get());
+  trace(tracer, logits_name, logits.get(), {n_out, V});
+  for (size_t i = 0, row = 0; i < segments.size(); row += size_t(n_out_of[i]), ++i) {
+    out[i].resize(size_t(n_out_of[i] * V));
+    if (n_out_of[i] > 0) b.to_host(out[i].data(), logits.get() + int64_t(row) * V, out[i].size());
+  }
+  return out;
 }
 
 std::vector<float> Engine::prefill(SequenceState& seq, std::span<const int32_t> tokens, int64_t chunk,

@@ -304,24 +304,12 @@ void Scheduler::step(Running& running) {
   std::vector<Sequence*> stepped;
   std::vector<bool> was_prefill;
   int64_t prefill_budget = options_.prefill_chunk;
+  for (auto& s : running)
+    if (!s->prefilling()) s->fed.push_back(s->next_token), s->draft = -1;
+  if (options_.speculative) draft_all(running);
   for (auto& s : running) {
+    if (s->done) continue;  // its draft failed
     if (!s->prefilling()) {
-      s->fed.push_back(s->next_token);
-      // The draft's position is within the request's reservation and the context: a running
-      // sequence has generated fewer than max_tokens, and prompt + generated < context.
-      s->draft = -1;
-      if (options_.speculative && s->state->draft->pending() > 0) {  // none right after a resume
-        try {
-          const std::vector<float> draft_logits = engine_.draft(*s->state, s->next_token);
-          s->draft = options_.choose_draft ? options_.choose_draft(s->fed, draft_logits) : argmax(draft_logits);
-        } catch (const std::exception& e) {
-          finish(*s, FinishReason::error, e.what());
-          continue;
-        }
-        s->undo = s->state->undo_point(s->state->n_past + 1);
-        s->fed.push_back(s->draft);
-        ++drafted_;
-      }
       const size_t n = s->draft >= 0 ? 2 : 1;
       steps.push_back({&*s->state, std::span<const int32_t>(s->fed).last(n), n == 2 ? LogitRows::all : LogitRows::last});
       stepped.push_back(s.get());
@@ -388,6 +376,33 @@ void Scheduler::step(Running& running) {
   st.prefix_cache_bytes = prefix_cache_.bytes();
   st.prefix_cache_entries = int64_t(prefix_cache_.entries());
   stats_ = st;
+}
+
+void Scheduler::draft_all(Running& running) {
+  std::vector<Engine::DraftStep> steps;
+  std::vector<Sequence*> drafting;
+  for (auto& s : running)
+    if (!s->prefilling() && s->state->draft->pending() > 0) {  // none right after a resume
+      steps.push_back({&*s->state, s->next_token, LogitRows::last});
+      drafting.push_back(s.get());
+    }
+  if (steps.empty()) return;
+  std::vector<std::vector<float>> logits;
+  try {
+    logits = engine_.draft_batch(steps);
+  } catch (const std::exception& e) {
+    for (Sequence* s : drafting) finish(*s, FinishReason::error, e.what());
+    return;
+  }
+  // The draft's position is within the request's reservation and the context: a running sequence
+  // has generated fewer than max_tokens, and prompt + generated < context.
+  for (size_t i = 0; i < drafting.size(); ++i) {
+    Sequence& s = *drafting[i];
+    s.draft = options_.choose_draft ? options_.choose_draft(s.fed, logits[i]) : argmax(logits[i]);
+    s.undo = s.state->undo_point(s.state->n_past + 1);
+    s.fed.push_back(s.draft);
+    ++drafted_;
+  }
 }
 
 bool Scheduler::emit_token(Sequence& s, std::span<const float> logits) {

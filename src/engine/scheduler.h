@@ -154,6 +154,9 @@ class Scheduler {
   // Finishes parked sequences whose client left (all of them when stopping), deleting their files.
   void drop_cancelled_parked();
   void step(Running& running);
+  // Speculative: the MTP block's drafts for every decoding sequence with positions to draft from,
+  // in one pass; each draft is appended to `fed` (the step feeds it after the next token).
+  void draft_all(Running& running);
   // The first position after `at` where a prefill chunk stops for a snapshot: every
   // snapshot_interval tokens and one token before the prompt's end (capped at the prompt's end).
   int64_t next_snapshot(int64_t at, int64_t n_prompt) const;

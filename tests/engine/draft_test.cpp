@@ -68,6 +68,33 @@ TEST(Draft, LogitsDoNotDependOnSteps) {
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
 }
 
+// Drafts of several sequences in one pass (different positions, different numbers of waiting
+// rows, logits of the last or of every row) equal each sequence's draft alone, bit for bit.
+TEST(Draft, BatchedDraftsMatchEachAlone) {
+  Fixture f;
+  Engine engine(*f.model, make_cpu_backend(Numerics::deepseek));
+  const std::span<const int32_t> tokens(f.tokens);
+  const std::vector<std::pair<int64_t, int64_t>> runs = {{0, 1}, {40, 7}, {130, 20}};  // (first token, count)
+  auto make = [&] {
+    std::vector<SequenceState> seqs;
+    for (const auto& [first, n] : runs) {
+      seqs.push_back(engine.new_sequence(true));
+      engine.forward(seqs.back(), tokens.subspan(size_t(first), size_t(n)), false);
+    }
+    return seqs;
+  };
+  std::vector<SequenceState> alone = make(), together = make();
+  std::vector<Engine::DraftStep> steps;
+  for (size_t i = 0; i < runs.size(); ++i)
+    steps.push_back({&together[i], tokens[size_t(runs[i].first + runs[i].second)], i == 1 ? LogitRows::all : LogitRows::last});
+  const std::vector<std::vector<float>> batched = engine.draft_batch(steps);
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const std::vector<float> want = engine.draft(alone[i], steps[i].next, steps[i].logits);
+    ASSERT_EQ(batched[i].size(), want.size()) << "sequence " << i;
+    EXPECT_EQ(0, std::memcmp(batched[i].data(), want.data(), want.size() * sizeof(float))) << "sequence " << i;
+  }
+}
+
 // A wrong token at position q, taken back, then the right one: the logits from there on are those
 // of a sequence that never saw the wrong one. q covers ratio-4 windows completing (q ≡ 3 mod 4)
 // or not, and a ratio-128 window completing (q = 255).
