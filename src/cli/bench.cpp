@@ -31,6 +31,7 @@
 
 #include "cli/common.h"
 #include "core/error.h"
+#include "engine/decode.h"
 #include "engine/device.h"
 #include "engine/engine.h"
 #include "engine/memory_plan.h"
@@ -184,7 +185,6 @@ SpeculativeTiming time_speculative(engine::Engine& eng, const engine::SequenceSt
                                    int64_t steps) {
   engine::SequenceState spec = eng.new_sequence(true);
   spec.restore(seq.snapshot());
-  const int64_t V = eng.config().vocab_size;
   int32_t next = first;
   next = engine::argmax(eng.forward(spec, std::span<const int32_t>(&next, 1), false));  // a position to draft from
   SpeculativeTiming t;
@@ -195,15 +195,12 @@ SpeculativeTiming time_speculative(engine::Engine& eng, const engine::SequenceSt
     t0 = std::chrono::steady_clock::now();
     const engine::UndoPoint undo = spec.undo_point(spec.n_past + 1);
     const int32_t fed[2] = {next, draft};
-    const std::vector<float> logits = eng.forward(spec, fed, true);
-    const int32_t chosen = engine::argmax(std::span<const float>(logits).first(size_t(V)));
-    if (chosen == draft) {
-      ++t.accepted;
-      next = engine::argmax(std::span<const float>(logits).subspan(size_t(V)));
-    } else {
-      spec.undo(undo);
-      next = chosen;
-    }
+    const engine::DraftOutcome r =
+        engine::settle_draft(spec, undo, draft, eng.forward(spec, fed, true), [&](std::span<const float> row) {
+          next = engine::argmax(row);
+          return std::pair{next, true};
+        });
+    t.accepted += r.accepted;
     t.verify_s += seconds_since(t0);
   }
   return t;

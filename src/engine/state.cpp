@@ -51,10 +51,10 @@ static void for_each_compressor(const model::LayerWeights& lw, Layer& ls, F f) {
   if (lw.attn.indexer) f(lw.attn.indexer->compressor, ls.index_compressor, ls.index_keys);
 }
 
-// A ratio-4 compressor moves its current window to rows 0–3 of the carry when position q
-// completes it (cpu/compressor.cpp).
+// An overlapping compressor's carry holds two windows (carry_rows() = 2 · ratio): when position q
+// completes the current one, it moves to the first `ratio` rows (cpu/compressor.cpp).
 static bool moves_window(const model::CompressorWeights& cw, int64_t q) {
-  return cw.ratio == 4 && (q + 1) % cw.ratio == 0;
+  return cw.carry_rows() == 2 * cw.ratio && (q + 1) % cw.ratio == 0;
 }
 
 SequenceState::SequenceState(Backend& backend, const model::ModelConfig& c, const model::Weights& weights,
@@ -116,7 +116,7 @@ UndoPoint SequenceState::undo_point(int64_t position) const {
     for_each_compressor(weights_.layers[il], layers[il],
                         [&](const model::CompressorWeights& cw, const CompressorState& carry, const RowStore&) {
                           if (!moves_window(cw, position)) return;
-                          const size_t n = size_t(4 * cw.width());
+                          const size_t n = size_t(cw.ratio * cw.width());  // the previous window's rows
                           Buffer saved(backend_, 2 * n);
                           backend_.copy(saved.get(), carry.a.get(), n);
                           backend_.copy(saved.get() + n, carry.s.get(), n);
@@ -135,7 +135,7 @@ void SequenceState::undo(const UndoPoint& point) {
                         [&](const model::CompressorWeights& cw, CompressorState& carry, RowStore& rows) {
                           rows.truncate(n_past / cw.ratio);
                           if (!moves_window(cw, point.position)) return;
-                          const size_t n = size_t(4 * cw.width());
+                          const size_t n = size_t(cw.ratio * cw.width());  // the previous window's rows
                           const Buffer& saved = point.previous_windows[next_saved++];
                           backend_.copy(carry.a.get(), saved.get(), n);
                           backend_.copy(carry.s.get(), saved.get() + n, n);

@@ -78,7 +78,7 @@ struct DraftState {
 // What undo() needs to take back one position (below).
 struct UndoPoint {
   int64_t position = -1;
-  std::vector<Buffer> previous_windows;  // each ratio-4 carry's rows 0–3 (a, then s), when needed
+  std::vector<Buffer> previous_windows;  // each overlapping carry's previous window (a, then s), when needed
 };
 
 // A sequence's whole state at one position, kept for prefix reuse (the prefix cache): the ring,
@@ -116,8 +116,8 @@ class SequenceState {
   // Puts the sequence in the snapshot's state (continuing from there gives bit-identical results).
   // A snapshot that does not fit this sequence (layers, buffer sizes, row counts for its position)
   // is refused with invalid_input and the sequence is left as it was.
-  // (A drafting sequence's MTP block starts again from there, its ring empty: snapshots do not
-  // hold it. Drafts then see less context for a while; what is generated does not change.)
+  // (A drafting sequence's MTP block starts again from there with its ring as it was: snapshots do
+  // not hold it. Its drafts read stale window rows for a while; what is generated does not change.)
   void restore(const StateSnapshot& snapshot);
 
   // Taking back the last position, a rejected draft token. undo_point(q), before the step that
