@@ -74,66 +74,121 @@ __global__ void indexer_scores_kernel(const float* q, const float* wts, int64_t 
   if (lane == 0) score[t * n_keys + w] = round_if(bf16, float(acc));
 }
 
-constexpr int kFp4KeysPerBlock = 256;
 constexpr int kFp4MaxDim = 128;               // V4's index_head_dim; wider keys take the general path
-constexpr int kFp4MaxWords = kFp4MaxDim / 4;  // a key as int8 words (4 codes each)
+constexpr int kFp4MaxBlocks = kFp4MaxDim / RowFormat::kFp4Block;
+constexpr int kFp4Warps = 4;                  // each one 16-key tile of the block's keys
+constexpr int kFp4KeysPerBlock = 16 * kFp4Warps;
+constexpr int kFp4Threads = 32 * kFp4Warps;
+// Int8 words (4 codes) per staged row of queries or keys: the 8 rows × 4 lanes of a fragment load
+// fall on distinct banks with a stride of 4 (mod 32) words.
+constexpr int kFp4WordStride = kFp4MaxDim / 4 + 4;
 
 __device__ inline double pow2(int e) { return __longlong_as_double(int64_t(e + 1023) << 52); }
 
-// score[t, w] for one query t (blockIdx.x) and kFp4KeysPerBlock keys from blockIdx.y.
-// qc: the queries packed as FP4 rows (key_format), [T, heads].
-__global__ void __launch_bounds__(kFp4KeysPerBlock)
-    indexer_scores_fp4_kernel(const float* qc, const float* wts, int64_t heads, RowFormat f, const float* keys,
-                              int64_t n_keys, int64_t ratio, int64_t p0, float* score) {
-  extern __shared__ uint32_t q_words[];  // [heads][words] int8 codes, then [heads][blocks] exponents
-  const int64_t t = blockIdx.x;
-  const int words = f.width / 4, blocks = f.width / RowFormat::kFp4Block;
-  int* q_exp = reinterpret_cast<int*>(q_words + heads * words);
-  for (int64_t i = threadIdx.x; i < heads * (words / 2); i += blockDim.x) {
-    const int64_t h = i / (words / 2), j = i % (words / 2);
-    const uint8_t* row = reinterpret_cast<const uint8_t*>(qc + (t * heads + h) * f.stride);
-    const uint32_t nibbles = *reinterpret_cast<const uint32_t*>(row + 4 * j);
-    fp4_to_int8x8(nibbles, q_words[h * words + 2 * j], q_words[h * words + 2 * j + 1]);
+// double(i), exactly, on the FP64 pipe (2^52 + 2^31 + i is exact) instead of the slower conversion unit.
+__device__ inline double int_to_double(int i) {
+  return __hiloint2double(0x43300000, i ^ int(0x80000000)) - 4503601774854144.0;  // − (2^52 + 2^31)
+}
+
+// c = a·b over one 32-dim block, exactly: a 16 × 32 int8 tile of keys (rows) times a 32 × 8 tile of
+// query heads (columns), int32 sums (mma.m16n8k32.s8). Lane 4·g + i holds a = rows g and g + 8 at
+// dims 4i … 4i + 3 and 16 + 4i …, b = column g at those dims, c = rows g, g + 8 × columns 2i, 2i + 1.
+__device__ __forceinline__ void mma_s8(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+               "{%10, %10, %10, %10};"
+               : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
+}
+
+// Rows of FP4 codes (f) into shared memory as int8 words and exponents: row r is src + r·f.stride,
+// present when r < n_present (else zeros); rows are padded to kFp4WordStride words.
+__device__ inline void stage_fp4_rows(const float* src, RowFormat f, int rows, int n_present, uint32_t* words,
+                                      int* exps) {
+  const int half_words = f.width / 8, blocks = f.width / RowFormat::kFp4Block;
+  for (int i = threadIdx.x; i < rows * half_words; i += blockDim.x) {
+    const int r = i / half_words, j = i % half_words;
+    const uint32_t nibbles =
+        r < n_present ? reinterpret_cast<const uint32_t*>(src + int64_t(r) * f.stride)[j] : 0u;
+    fp4_to_int8x8(nibbles, words[r * kFp4WordStride + 2 * j], words[r * kFp4WordStride + 2 * j + 1]);
   }
-  for (int64_t i = threadIdx.x; i < heads * blocks; i += blockDim.x) {
-    const int64_t h = i / blocks, b = i % blocks;
-    q_exp[i] = int(reinterpret_cast<const uint8_t*>(qc + (t * heads + h) * f.stride)[f.scale_offset() + b]) - 127;
+  for (int i = threadIdx.x; i < rows * blocks; i += blockDim.x) {
+    const int r = i / blocks, b = i % blocks;
+    exps[r * kFp4MaxBlocks + b] =
+        r < n_present ? int(reinterpret_cast<const uint8_t*>(src + int64_t(r) * f.stride)[f.scale_offset() + b]) - 127
+                      : 0;
+  }
+}
+
+size_t fp4_scores_smem(int64_t heads) {
+  const int64_t padded_heads = (heads + 7) / 8 * 8;
+  return size_t((padded_heads + kFp4KeysPerBlock) * (kFp4WordStride + kFp4MaxBlocks) +
+                kFp4KeysPerBlock * (heads + 1)) * 4;
+}
+
+// score[t, w] for one query t (blockIdx.x) and kFp4KeysPerBlock keys from blockIdx.y.
+// qc: the queries packed as FP4 rows (key format f), [T, heads]. Each warp multiplies its 16 keys by
+// every 8 heads one block at a time, folds the block sums into double dots as the scalar path did
+// (dot += sum · 2^(e_q + e_k − 2), blocks in order), and leaves each head's bf16 term in shared
+// memory; then a thread per key adds its terms in head order.
+__global__ void __launch_bounds__(kFp4Threads)
+    indexer_scores_fp4_kernel(const float* qc, const float* wts, int heads, RowFormat f, const float* keys,
+                              int64_t n_keys, int64_t ratio, int64_t p0, float* score) {
+  extern __shared__ uint32_t fp4_smem[];
+  const int head_tiles = (heads + 7) / 8, blocks = f.width / RowFormat::kFp4Block;
+  uint32_t* q_words = fp4_smem;                                                // [8 · head_tiles][stride]
+  uint32_t* k_words = q_words + 8 * head_tiles * kFp4WordStride;              // [keys][stride]
+  int* q_exp = reinterpret_cast<int*>(k_words + kFp4KeysPerBlock * kFp4WordStride);  // [8 · head_tiles][4]
+  int* k_exp = q_exp + 8 * head_tiles * kFp4MaxBlocks;                         // [keys][4]
+  float* terms = reinterpret_cast<float*>(k_exp + kFp4KeysPerBlock * kFp4MaxBlocks);  // [keys][heads + 1]
+  const int64_t t = blockIdx.x, w0 = int64_t(blockIdx.y) * kFp4KeysPerBlock;
+  const int64_t visible = visible_keys(t, p0, ratio, n_keys);
+  if (w0 >= visible) return;
+  const int n_here = int(visible - w0 < kFp4KeysPerBlock ? visible - w0 : kFp4KeysPerBlock);
+  stage_fp4_rows(qc + t * heads * f.stride, f, 8 * head_tiles, heads, q_words, q_exp);
+  stage_fp4_rows(keys + w0 * f.stride, f, kFp4KeysPerBlock, n_here, k_words, k_exp);
+  __syncthreads();
+
+  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, i = threadIdx.x % 4;
+  const int row[2] = {16 * warp + g, 16 * warp + g + 8};  // this lane's keys in the block
+  uint32_t a[kFp4MaxBlocks][4];
+#pragma unroll
+  for (int b = 0; b < kFp4MaxBlocks; ++b)
+    if (b < blocks) {
+      a[b][0] = k_words[row[0] * kFp4WordStride + 8 * b + i];
+      a[b][1] = k_words[row[1] * kFp4WordStride + 8 * b + i];
+      a[b][2] = k_words[row[0] * kFp4WordStride + 8 * b + 4 + i];
+      a[b][3] = k_words[row[1] * kFp4WordStride + 8 * b + 4 + i];
+    }
+  for (int nt = 0; nt < head_tiles; ++nt) {
+    const int b_head = 8 * nt + g, c_head = 8 * nt + 2 * i;  // this lane's column of b; of c
+    double dot[4] = {0.0, 0.0, 0.0, 0.0};                     // (row r, head c_head + j) at 2r + j
+#pragma unroll
+    for (int b = 0; b < kFp4MaxBlocks; ++b) {
+      if (b >= blocks) break;
+      int c[4];
+      mma_s8(c, a[b], q_words[b_head * kFp4WordStride + 8 * b + i], q_words[b_head * kFp4WordStride + 8 * b + 4 + i]);
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+          dot[2 * r + j] += int_to_double(c[2 * r + j]) *
+                            pow2(q_exp[(c_head + j) * kFp4MaxBlocks + b] + k_exp[row[r] * kFp4MaxBlocks + b] - 2);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+        if (c_head + j < heads) {
+          const float d = round_bf16(float(dot[2 * r + j]));
+          terms[row[r] * (heads + 1) + c_head + j] = round_bf16(fmaxf(d, 0.0f) * wts[t * heads + c_head + j]);
+        }
   }
   __syncthreads();
-  const int64_t w = int64_t(blockIdx.y) * kFp4KeysPerBlock + threadIdx.x;
-  const int64_t visible = visible_keys(t, p0, ratio, n_keys);
-  if (w >= visible) return;
-  const uint8_t* key = reinterpret_cast<const uint8_t*>(keys + w * f.stride);
-  uint32_t k_words[kFp4MaxWords];
-  int k_exp[kFp4MaxDim / RowFormat::kFp4Block];
-#pragma unroll
-  for (int j = 0; j < kFp4MaxWords / 2; ++j)
-    if (j < words / 2) fp4_to_int8x8(*reinterpret_cast<const uint32_t*>(key + 4 * j), k_words[2 * j], k_words[2 * j + 1]);
-#pragma unroll
-  for (int b = 0; b < kFp4MaxDim / RowFormat::kFp4Block; ++b)
-    if (b < blocks) k_exp[b] = int(key[f.scale_offset() + b]) - 127;
-  double acc = 0.0;
-  for (int64_t h = 0; h < heads; ++h) {
-    const uint32_t* qh = q_words + h * words;
-    double dot = 0.0;
-#pragma unroll
-    for (int b = 0; b < kFp4MaxDim / RowFormat::kFp4Block; ++b) {
-      if (b >= blocks) break;
-      // The block's 8 query words in two 16-byte shared-memory loads (rows of words are 16-byte
-      // aligned: words is a multiple of 8).
-      const uint4 q0 = reinterpret_cast<const uint4*>(qh + 8 * b)[0], q1 = reinterpret_cast<const uint4*>(qh + 8 * b)[1];
-      const uint32_t* kb = k_words + 8 * b;
-      int sum = __dp4a(int(kb[0]), int(q0.x), 0);
-      sum = __dp4a(int(kb[1]), int(q0.y), sum), sum = __dp4a(int(kb[2]), int(q0.z), sum);
-      sum = __dp4a(int(kb[3]), int(q0.w), sum), sum = __dp4a(int(kb[4]), int(q1.x), sum);
-      sum = __dp4a(int(kb[5]), int(q1.y), sum), sum = __dp4a(int(kb[6]), int(q1.z), sum);
-      sum = __dp4a(int(kb[7]), int(q1.w), sum);
-      dot += double(sum) * pow2(q_exp[h * blocks + b] + k_exp[b] - 2);
-    }
-    const float d = round_bf16(float(dot));
-    acc += double(round_bf16(fmaxf(d, 0.0f) * wts[t * heads + h]));
+  for (int k = threadIdx.x; k < n_here; k += blockDim.x) {
+    double acc = 0.0;
+    for (int h = 0; h < heads; ++h) acc += double(terms[k * (heads + 1) + h]);
+    score[t * n_keys + w0 + k] = round_bf16(float(acc));
   }
-  score[t * n_keys + w] = round_bf16(float(acc));
 }
 
 // Larger key = higher score, then lower row. −0 is folded into +0: they compare equal on the CPU.
@@ -400,11 +455,13 @@ void CudaBackend::indexer_select(const float* q, const float* wts, int64_t T, in
   const bool fp4_path =
       deepseek() && key_format.kind == RowFormat::fp4 && dim % RowFormat::kFp4Block == 0 && dim <= kFp4MaxDim;
   DeviceArray<float> q_packed(stream_, fp4_path ? size_t(T * heads * key_format.stride) : 0);
-  const size_t fp4_smem = size_t(heads) * size_t(dim / 4 + dim / RowFormat::kFp4Block) * sizeof(uint32_t);
+  const size_t fp4_smem = fp4_scores_smem(heads);
   if (fp4_path) {
     pack_rows(key_format, q, T * heads, q_packed.get());
     DSV4_CUDA_REQUIRE(fp4_smem <= 48 * 1024, "indexer_select: ", heads, " heads of ", dim, " need ", fp4_smem,
                       " bytes of shared memory");
+    DSV4_CUDA_REQUIRE(n_keys <= int64_t(65535) * kFp4KeysPerBlock, "indexer_select: ", n_keys,
+                      " compact keys exceed the grid's ", int64_t(65535) * kFp4KeysPerBlock);
   }
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(T, kScoreScratch / n_keys));
   DeviceArray<float> score(stream_, size_t(chunk * n_keys));
@@ -420,8 +477,8 @@ void CudaBackend::indexer_select(const float* q, const float* wts, int64_t T, in
     const int64_t visible_max = std::min(n_keys, (p0 + t0 + n) / ratio);
     if (visible_max > 0 && fp4_path) {
       const dim3 grid(unsigned(n), unsigned((visible_max + kFp4KeysPerBlock - 1) / kFp4KeysPerBlock));
-      indexer_scores_fp4_kernel<<<grid, kFp4KeysPerBlock, fp4_smem, stream_>>>(
-          q_packed.get() + t0 * heads * key_format.stride, wts + t0 * heads, heads, key_format, keys, n_keys, ratio,
+      indexer_scores_fp4_kernel<<<grid, kFp4Threads, fp4_smem, stream_>>>(
+          q_packed.get() + t0 * heads * key_format.stride, wts + t0 * heads, int(heads), key_format, keys, n_keys, ratio,
           p0 + t0, score.get());
       DSV4_CUDA_LAUNCHED("indexer_select (FP4 scores)");
     } else if (visible_max > 0) {
