@@ -40,6 +40,8 @@ constexpr int kScoreWarps = 8;
 constexpr int kSelectThreads = 1024;
 constexpr int64_t kMaxTopK = 4096;             // bitonic buffer (32 KiB of keys)
 constexpr int64_t kPartKeys = 8192;            // split top-k: a part's keys in shared memory
+constexpr int64_t kSortAllKeys = 2048;         // fewer keys are sorted whole, without a radix select
+static_assert(kSortAllKeys <= kMaxTopK, "the keys sorted whole fit the sort buffer");
 constexpr size_t kPartBytes = kPartKeys * sizeof(uint64_t);  // (64 KiB: above the default 48)
 constexpr int64_t kScoreScratch = int64_t(1) << 26;  // floats of scores per chunk (256 MiB)
 constexpr int kMaxKeyDim = 256;                        // a key's dims in registers: 8 per lane
@@ -208,6 +210,7 @@ struct ScoreKeys {
   __device__ void for_each(F f) const {
     for_each_element(score, n, [&](float s, int64_t w) { f(select_key(s, w)); });
   }
+  __device__ uint64_t first() const { return select_key(score[0], 0); }
 };
 
 // Keys already made: a part's in shared memory, the parts' survivors, the candidates gathered so far.
@@ -218,7 +221,25 @@ struct StoredKeys {
   __device__ void for_each(F f) const {
     for_each_element(key, n, [&](uint64_t stored, int64_t) { f(stored); });
   }
+  __device__ uint64_t first() const { return key[0]; }
 };
+
+// The bits in which some of `keys` differ (n ≥ 1). A digit with none of them set is the same in
+// every key, so a radix pass over it would learn nothing: bf16 scores (deepseek numerics) leave
+// the low 16 bits of the score zero, and row indices below 2^24 the top byte of the inverted row.
+template <class Keys>
+__device__ uint64_t varying_bits(const Keys& keys) {
+  __shared__ unsigned long long varying_s;
+  if (threadIdx.x == 0) varying_s = 0;
+  __syncthreads();
+  const uint64_t first = keys.first();
+  uint64_t v = 0;
+  keys.for_each([&](uint64_t key) { v |= key ^ first; });
+  for (int offset = 16; offset > 0; offset /= 2) v |= __shfl_xor_sync(kFullMask, v, offset);
+  if (threadIdx.x % 32 == 0 && v) atomicOr(&varying_s, static_cast<unsigned long long>(v));
+  __syncthreads();
+  return varying_s;
+}
 
 // The digit holding the `remaining`-th largest key of a histogram over digits, and how many keys
 // lie in higher digits, for every lane of the one warp that calls it. Each lane sums 8 digits from
@@ -262,7 +283,13 @@ __device__ int gather_top(const Keys& keys, int64_t n_real, int64_t k, uint64_t*
   if (n_real > k) {
     uint64_t prefix = 0, mask = 0;
     int64_t remaining = k, n_cand = -1;  // n_cand ≥ 0: the candidates are sel[0, n_cand)
+    const uint64_t varying = varying_bits(keys), shared_digits = keys.first() & ~varying;
     for (int shift = 56; shift >= 0; shift -= 8) {
+      if (((varying >> shift) & 0xff) == 0) {  // every key has this digit: the keys in play keep it
+        prefix |= shared_digits & (uint64_t(0xff) << shift);
+        mask |= uint64_t(0xff) << shift;
+        continue;
+      }
       for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
       __syncthreads();
       // Most scores share their top digits: one atomic per group of lanes with equal digits (a
@@ -314,14 +341,35 @@ __device__ int gather_top(const Keys& keys, int64_t n_real, int64_t k, uint64_t*
   return n_sel_s;
 }
 
-// Bitonic sort of sel[0, n) into descending order, padded with zeros to a power of two.
+// Bitonic sort of sel[0, n) into descending order, padded with zeros to a power of two. Pairs 32
+// or more apart meet through shared memory, one barrier per step; steps whose pairs lie within 32
+// run in registers with shuffles (element i stays with lane i mod 32: blockDim.x is a multiple of
+// 32), the merges up to length 32 in one pass. 512 keys take 15 barriers instead of 45.
 __device__ inline void sort_descending(uint64_t* sel, int64_t n) {
   int64_t size = 1;
   while (size < n) size *= 2;
   for (int64_t i = n + threadIdx.x; i < size; i += blockDim.x) sel[i] = 0;
   __syncthreads();
-  for (int64_t len = 2; len <= size; len *= 2)
-    for (int64_t stride = len / 2; stride > 0; stride /= 2) {
+  const int lane = threadIdx.x % 32;
+  // The steps of stride < 32 of the merges of length len_first … len_last. Whole warps step
+  // together (every lane shuffles); lanes past `size` (size < 32) carry nothing a lane below reads.
+  auto in_registers = [&](int64_t len_first, int64_t len_last) {
+    for (int64_t i0 = threadIdx.x - lane; i0 < size; i0 += blockDim.x) {
+      const int64_t i = i0 + lane;
+      uint64_t x = i < size ? sel[i] : 0;
+      for (int64_t len = len_first; len <= len_last; len *= 2)
+        for (int64_t s = len / 2 < 32 ? len / 2 : 16; s > 0; s /= 2) {
+          const uint64_t y = __shfl_xor_sync(kFullMask, x, int(s));
+          const bool keep_larger = ((i & s) == 0) == ((i & len) == 0);  // the lower of a descending pair
+          x = keep_larger ? (x > y ? x : y) : (x < y ? x : y);
+        }
+      if (i < size) sel[i] = x;
+    }
+    __syncthreads();
+  };
+  in_registers(2, size < 32 ? size : 32);
+  for (int64_t len = 64; len <= size; len *= 2) {
+    for (int64_t stride = len / 2; stride >= 32; stride /= 2) {
       for (int64_t i = threadIdx.x; i < size; i += blockDim.x) {
         const int64_t j = i ^ stride;
         if (j > i) {
@@ -332,9 +380,15 @@ __device__ inline void sort_descending(uint64_t* sel, int64_t n) {
       }
       __syncthreads();
     }
+    in_registers(len, len);
+  }
 }
 
-// A query's k output rows from its n_sel sorted keys, −1 after them.
+// How many of n_real keys a final selection gathers for its sort: all of few keys (sorting them
+// whole costs fewer barriers than the digit passes and a sort of k), else the k largest.
+__device__ inline int64_t gathered(int64_t n_real, int64_t k) { return n_real <= kSortAllKeys ? n_real : k; }
+
+// A query's k output rows from its first n_sel sorted keys (more than k: the first k), −1 after them.
 __device__ inline void write_rows(const uint64_t* sel, int64_t n_sel, int64_t k, int32_t* rows) {
   for (int64_t i = threadIdx.x; i < k; i += blockDim.x)
     rows[i] = i < n_sel ? int32_t(0xffffffffu - uint32_t(sel[i] & 0xffffffffu)) : -1;
@@ -346,7 +400,7 @@ __global__ void __launch_bounds__(kSelectThreads)
   __shared__ uint64_t sel[kMaxTopK];
   const int64_t t = blockIdx.x;
   const int64_t visible = visible_keys(t, p0, ratio, n_keys);
-  const int n_sel = gather_top(ScoreKeys{score + t * n_keys, visible}, visible, k, sel);
+  const int n_sel = gather_top(ScoreKeys{score + t * n_keys, visible}, visible, gathered(visible, k), sel);
   sort_descending(sel, n_sel);
   write_rows(sel, n_sel, k, idx + t * k);
 }
@@ -388,7 +442,7 @@ __global__ void __launch_bounds__(kSelectThreads)
     __syncthreads();
     keys = staged_keys;
   }
-  const int n_sel = gather_top(StoredKeys{keys, parts * k}, n_real, k, sel);
+  const int n_sel = gather_top(StoredKeys{keys, parts * k}, n_real, gathered(n_real, k), sel);
   sort_descending(sel, n_sel);
   write_rows(sel, n_sel, k, idx + t * k);
 }
