@@ -267,10 +267,11 @@ int run_bench(BenchOptions o) {
              cost.elements / 1e9);
 
   engine::Engine eng(*model, std::move(backend), layout);
-  {  // warm-up: a device backend uploads each weight on its first use
+  {  // warm-up: a device backend uploads each weight on its first use (the MTP block's on its first draft)
     t0 = std::chrono::steady_clock::now();
-    engine::SequenceState seq = eng.new_sequence();
+    engine::SequenceState seq = eng.new_sequence(o.speculative);
     eng.prefill(seq, random_ids(2, c.vocab_size, o.seed), o.chunk, false);
+    if (o.speculative) eng.draft(seq, 0);
     fmt::print(stderr, "warm-up (weights to the device): {:.1f} s\n", seconds_since(t0));
   }
 

@@ -26,6 +26,8 @@
 //     selects again from the parts' survivors, which hold the query's top k. The same select body
 //     runs in all three kernels, over keys from scores or keys already made.
 //   Queries are processed in chunks so the score scratch stays bounded at long contexts.
+#include <cuda_bf16.h>
+
 #include <algorithm>
 
 #include "backend/cuda/cuda_backend.h"
@@ -78,19 +80,28 @@ __global__ void indexer_scores_kernel(const float* q, const float* wts, int64_t 
 
 constexpr int kFp4MaxDim = 128;               // V4's index_head_dim; wider keys take the general path
 constexpr int kFp4MaxBlocks = kFp4MaxDim / RowFormat::kFp4Block;
-constexpr int kFp4Warps = 4;                  // each one 16-key tile of the block's keys
-constexpr int kFp4KeysPerBlock = 16 * kFp4Warps;
+constexpr int kFp4Warps = 4;
+constexpr int kFp4TilesPerWarp = 2;           // 16-key tiles: each query fragment serves two key tiles
+constexpr int kFp4KeysPerBlock = 16 * kFp4TilesPerWarp * kFp4Warps;
 constexpr int kFp4Threads = 32 * kFp4Warps;
 // Int8 words (4 codes) per staged row of queries or keys: the 8 rows × 4 lanes of a fragment load
 // fall on distinct banks with a stride of 4 (mod 32) words.
 constexpr int kFp4WordStride = kFp4MaxDim / 4 + 4;
+// bf16 terms per staged head, one per key: lane (g, i)'s stores of heads 2i, 2i + 1 × keys g fall
+// on distinct banks (136 halves = 68 words ≡ 4 mod 32 … per head pair 8), the head sums read rows.
+constexpr int kFp4TermStride = kFp4KeysPerBlock + 8;
 
-__device__ inline double pow2(int e) { return __longlong_as_double(int64_t(e + 1023) << 52); }
+// The high word of 2^(e + bias) as a double (its low word is zero).
+__device__ inline uint32_t pow2_high(int e, int bias) { return uint32_t(e + bias) << 20; }
 
 // double(i), exactly, on the FP64 pipe (2^52 + 2^31 + i is exact) instead of the slower conversion unit.
 __device__ inline double int_to_double(int i) {
   return __hiloint2double(0x43300000, i ^ int(0x80000000)) - 4503601774854144.0;  // − (2^52 + 2^31)
 }
+
+// x rounded to bf16 (round to nearest even), its bits: one conversion instruction. Equal to the
+// reference's f32_to_bf16 except in a NaN's payload; a NaN dot becomes 0 at the ReLU either way.
+__device__ inline uint16_t bf16_bits(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
 
 // c = a·b over one 32-dim block, exactly: a 16 × 32 int8 tile of keys (rows) times a 32 × 8 tile of
 // query heads (columns), int32 sums (mma.m16n8k32.s8). Lane 4·g + i holds a = rows g and g + 8 at
@@ -103,34 +114,37 @@ __device__ __forceinline__ void mma_s8(int (&c)[4], const uint32_t (&a)[4], uint
 }
 
 // Rows of FP4 codes (f) into shared memory as int8 words and exponents: row r is src + r·f.stride,
-// present when r < n_present (else zeros); rows are padded to kFp4WordStride words.
+// present when r < n_present (else zeros); rows are padded to kFp4WordStride words, blocks past
+// the row's width left zero.
 __device__ inline void stage_fp4_rows(const float* src, RowFormat f, int rows, int n_present, uint32_t* words,
                                       int* exps) {
+  constexpr int kHalfWords = kFp4MaxDim / 8;  // 8 codes each
   const int half_words = f.width / 8, blocks = f.width / RowFormat::kFp4Block;
-  for (int i = threadIdx.x; i < rows * half_words; i += blockDim.x) {
-    const int r = i / half_words, j = i % half_words;
+  for (int i = threadIdx.x; i < rows * kHalfWords; i += blockDim.x) {
+    const int r = i / kHalfWords, j = i % kHalfWords;
     const uint32_t nibbles =
-        r < n_present ? reinterpret_cast<const uint32_t*>(src + int64_t(r) * f.stride)[j] : 0u;
+        r < n_present && j < half_words ? reinterpret_cast<const uint32_t*>(src + int64_t(r) * f.stride)[j] : 0u;
     fp4_to_int8x8(nibbles, words[r * kFp4WordStride + 2 * j], words[r * kFp4WordStride + 2 * j + 1]);
   }
-  for (int i = threadIdx.x; i < rows * blocks; i += blockDim.x) {
-    const int r = i / blocks, b = i % blocks;
-    exps[r * kFp4MaxBlocks + b] =
-        r < n_present ? int(reinterpret_cast<const uint8_t*>(src + int64_t(r) * f.stride)[f.scale_offset() + b]) - 127
-                      : 0;
+  for (int i = threadIdx.x; i < rows * kFp4MaxBlocks; i += blockDim.x) {
+    const int r = i / kFp4MaxBlocks, b = i % kFp4MaxBlocks;
+    exps[i] = r < n_present && b < blocks
+                  ? int(reinterpret_cast<const uint8_t*>(src + int64_t(r) * f.stride)[f.scale_offset() + b]) - 127
+                  : 0;
   }
 }
 
 size_t fp4_scores_smem(int64_t heads) {
   const int64_t padded_heads = (heads + 7) / 8 * 8;
-  return size_t((padded_heads + kFp4KeysPerBlock) * (kFp4WordStride + kFp4MaxBlocks) +
-                kFp4KeysPerBlock * (heads + 1)) * 4;
+  return size_t((padded_heads + kFp4KeysPerBlock) * (kFp4WordStride + kFp4MaxBlocks) + padded_heads) * 4 +
+         size_t(heads * kFp4TermStride) * 2;
 }
 
 // score[t, w] for one query t (blockIdx.x) and kFp4KeysPerBlock keys from blockIdx.y.
-// qc: the queries packed as FP4 rows (key format f), [T, heads]. Each warp multiplies its 16 keys by
-// every 8 heads one block at a time, folds the block sums into double dots as the scalar path did
-// (dot += sum · 2^(e_q + e_k − 2), blocks in order), and leaves each head's bf16 term in shared
+// qc: the queries packed as FP4 rows (key format f), [T, heads]. Each warp multiplies its two
+// 16-key tiles by every 8 heads one block at a time, folds the block sums into double dots as the
+// scalar path did (dot += sum · 2^(e_q + e_k − 2), blocks in order; the product is exact, so one
+// fused multiply-add rounds as the separate add did), and leaves each head's bf16 term in shared
 // memory; then a thread per key adds its terms in head order.
 __global__ void __launch_bounds__(kFp4Threads)
     indexer_scores_fp4_kernel(const float* qc, const float* wts, int heads, RowFormat f, const float* keys,
@@ -141,54 +155,75 @@ __global__ void __launch_bounds__(kFp4Threads)
   uint32_t* k_words = q_words + 8 * head_tiles * kFp4WordStride;              // [keys][stride]
   int* q_exp = reinterpret_cast<int*>(k_words + kFp4KeysPerBlock * kFp4WordStride);  // [8 · head_tiles][4]
   int* k_exp = q_exp + 8 * head_tiles * kFp4MaxBlocks;                         // [keys][4]
-  float* terms = reinterpret_cast<float*>(k_exp + kFp4KeysPerBlock * kFp4MaxBlocks);  // [keys][heads + 1]
+  float* q_wts = reinterpret_cast<float*>(k_exp + kFp4KeysPerBlock * kFp4MaxBlocks);  // [8 · head_tiles]
+  uint16_t* terms = reinterpret_cast<uint16_t*>(q_wts + 8 * head_tiles);        // [heads][kFp4TermStride]
   const int64_t t = blockIdx.x, w0 = int64_t(blockIdx.y) * kFp4KeysPerBlock;
   const int64_t visible = visible_keys(t, p0, ratio, n_keys);
   if (w0 >= visible) return;
   const int n_here = int(visible - w0 < kFp4KeysPerBlock ? visible - w0 : kFp4KeysPerBlock);
   stage_fp4_rows(qc + t * heads * f.stride, f, 8 * head_tiles, heads, q_words, q_exp);
   stage_fp4_rows(keys + w0 * f.stride, f, kFp4KeysPerBlock, n_here, k_words, k_exp);
+  for (int h = threadIdx.x; h < 8 * head_tiles; h += blockDim.x) q_wts[h] = h < heads ? wts[t * heads + h] : 0.0f;
   __syncthreads();
 
   const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, i = threadIdx.x % 4;
-  const int row[2] = {16 * warp + g, 16 * warp + g + 8};  // this lane's keys in the block
-  uint32_t a[kFp4MaxBlocks][4];
+  int row[kFp4TilesPerWarp][2];  // this lane's keys in the block: rows g and g + 8 of each tile
+  uint32_t a[kFp4TilesPerWarp][kFp4MaxBlocks][4];
+  uint32_t k_high[kFp4TilesPerWarp][2][kFp4MaxBlocks];  // 2^(e_k − 2)'s high word, to add e_q to
 #pragma unroll
-  for (int b = 0; b < kFp4MaxBlocks; ++b)
-    if (b < blocks) {
-      a[b][0] = k_words[row[0] * kFp4WordStride + 8 * b + i];
-      a[b][1] = k_words[row[1] * kFp4WordStride + 8 * b + i];
-      a[b][2] = k_words[row[0] * kFp4WordStride + 8 * b + 4 + i];
-      a[b][3] = k_words[row[1] * kFp4WordStride + 8 * b + 4 + i];
+  for (int tile = 0; tile < kFp4TilesPerWarp; ++tile) {
+    row[tile][0] = 16 * (kFp4TilesPerWarp * warp + tile) + g;
+    row[tile][1] = row[tile][0] + 8;
+#pragma unroll
+    for (int b = 0; b < kFp4MaxBlocks; ++b) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        a[tile][b][r] = k_words[row[tile][r] * kFp4WordStride + 8 * b + i];
+        a[tile][b][2 + r] = k_words[row[tile][r] * kFp4WordStride + 8 * b + 4 + i];
+        k_high[tile][r][b] = pow2_high(k_exp[row[tile][r] * kFp4MaxBlocks + b], 1023 - 2);
+      }
     }
+  }
   for (int nt = 0; nt < head_tiles; ++nt) {
     const int b_head = 8 * nt + g, c_head = 8 * nt + 2 * i;  // this lane's column of b; of c
-    double dot[4] = {0.0, 0.0, 0.0, 0.0};                     // (row r, head c_head + j) at 2r + j
+    double dot[kFp4TilesPerWarp][4] = {};                    // (row r, head c_head + j) at 2r + j
 #pragma unroll
     for (int b = 0; b < kFp4MaxBlocks; ++b) {
       if (b >= blocks) break;
-      int c[4];
-      mma_s8(c, a[b], q_words[b_head * kFp4WordStride + 8 * b + i], q_words[b_head * kFp4WordStride + 8 * b + 4 + i]);
+      const uint32_t b0 = q_words[b_head * kFp4WordStride + 8 * b + i],
+                     b1 = q_words[b_head * kFp4WordStride + 8 * b + 4 + i];
+      const uint32_t q_high[2] = {pow2_high(q_exp[c_head * kFp4MaxBlocks + b], 0),
+                                  pow2_high(q_exp[(c_head + 1) * kFp4MaxBlocks + b], 0)};
 #pragma unroll
-      for (int r = 0; r < 2; ++r)
+      for (int tile = 0; tile < kFp4TilesPerWarp; ++tile) {
+        int c[4];
+        mma_s8(c, a[tile][b], b0, b1);
 #pragma unroll
-        for (int j = 0; j < 2; ++j)
-          dot[2 * r + j] += int_to_double(c[2 * r + j]) *
-                            pow2(q_exp[(c_head + j) * kFp4MaxBlocks + b] + k_exp[row[r] * kFp4MaxBlocks + b] - 2);
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const double scale = __hiloint2double(int(k_high[tile][r][b] + q_high[j]), 0);
+            dot[tile][2 * r + j] = __fma_rn(int_to_double(c[2 * r + j]), scale, dot[tile][2 * r + j]);
+          }
+      }
     }
 #pragma unroll
-    for (int r = 0; r < 2; ++r)
+    for (int j = 0; j < 2; ++j) {
+      if (c_head + j >= heads) continue;
+      const float w = q_wts[c_head + j];
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
-        if (c_head + j < heads) {
-          const float d = round_bf16(float(dot[2 * r + j]));
-          terms[row[r] * (heads + 1) + c_head + j] = round_bf16(fmaxf(d, 0.0f) * wts[t * heads + c_head + j]);
+      for (int tile = 0; tile < kFp4TilesPerWarp; ++tile)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float d = __bfloat162float(__float2bfloat16_rn(float(dot[tile][2 * r + j])));
+          terms[(c_head + j) * kFp4TermStride + row[tile][r]] = bf16_bits(fmaxf(d, 0.0f) * w);
         }
+    }
   }
   __syncthreads();
   for (int k = threadIdx.x; k < n_here; k += blockDim.x) {
     double acc = 0.0;
-    for (int h = 0; h < heads; ++h) acc += double(terms[k * (heads + 1) + h]);
+    for (int h = 0; h < heads; ++h) acc += double(bf16_to_f32(terms[h * kFp4TermStride + k]));
     score[t * n_keys + w0 + k] = round_bf16(float(acc));
   }
 }
@@ -512,8 +547,8 @@ void CudaBackend::indexer_select(const float* q, const float* wts, int64_t T, in
   const size_t fp4_smem = fp4_scores_smem(heads);
   if (fp4_path) {
     pack_rows(key_format, q, T * heads, q_packed.get());
-    DSV4_CUDA_REQUIRE(fp4_smem <= 48 * 1024, "indexer_select: ", heads, " heads of ", dim, " need ", fp4_smem,
-                      " bytes of shared memory");
+    allow_shared_memory(reinterpret_cast<const void*>(indexer_scores_fp4_kernel), fp4_smem,
+                        "indexer scores over compact keys");
     DSV4_CUDA_REQUIRE(n_keys <= int64_t(65535) * kFp4KeysPerBlock, "indexer_select: ", n_keys,
                       " compact keys exceed the grid's ", int64_t(65535) * kFp4KeysPerBlock);
   }
