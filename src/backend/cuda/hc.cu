@@ -18,6 +18,10 @@ namespace {
 
 constexpr int kTokenThreads = 1024;
 constexpr int kMaxHc = 5;  // hc·hc ≤ 32: the Sinkhorn runs in one warp (hc_mult is 4 in every V4 config)
+// The pre gates' shared array, padded to whole 16-byte words: collapse()'s loop over h is compiled
+// to 4-wide shared loads, whose last one reached past a kMaxHc-float array (compute-sanitizer's
+// memcheck flagged it at hc = 2; the values past hc are never used).
+constexpr int kPreSlots = (kMaxHc + 3) / 4 * 4;
 
 // rsqrt(mean(x²) + eps) over the flattened hc·D state of one token (a block-wide reduction).
 __device__ float stream_rms_inverse(const float* x, int64_t n, float eps, double* scratch) {
@@ -80,7 +84,7 @@ struct HcArgs {
 __global__ void __launch_bounds__(kTokenThreads)
     hc_pre_kernel(HcArgs a, const float* X, const float* mix, float* u, float* post, float* comb) {
   __shared__ double scratch[32];
-  __shared__ float pre[kMaxHc];
+  __shared__ __align__(16) float pre[kPreSlots];
   const int64_t t = blockIdx.x;
   const int hc = a.hc;
   const float* x = X + t * hc * a.D;
@@ -102,7 +106,7 @@ __global__ void __launch_bounds__(kTokenThreads)
 
 __global__ void __launch_bounds__(kTokenThreads) hc_head_kernel(HcArgs a, const float* X, const float* mix, float* y) {
   __shared__ double scratch[32];
-  __shared__ float pre[kMaxHc];
+  __shared__ __align__(16) float pre[kPreSlots];
   const int64_t t = blockIdx.x;
   const int hc = a.hc;
   const float* x = X + t * hc * a.D;
