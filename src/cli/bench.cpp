@@ -13,6 +13,11 @@
 // Each decode row also reports the sequence's state bytes, and the state the whole model (all
 // layers of the preset or checkpoint) would hold at that context in the same layout.
 //
+// --resume FILE prefills the longest prompt over several runs (cli/resumable_prefill.h): each run
+// stops after --time-limit seconds of prefill and saves the state to FILE; the run that finishes
+// reports the prefill speed over all runs, then decodes. For prompts whose prefill outlasts one
+// command (a 1M-token prompt on a lent GPU).
+//
 // --speculative also times speculative decoding's step at each context (batch 1): the MTP block's
 // draft, then the token and its draft in one forward. Random weights make the drafts wrong, so the
 // figure is the step's cost; the tokens/s it would give at acceptance rates a trained model's MTP
@@ -30,11 +35,13 @@
 #include <unistd.h>
 
 #include "cli/common.h"
+#include "cli/resumable_prefill.h"
 #include "core/error.h"
 #include "engine/decode.h"
 #include "engine/device.h"
 #include "engine/engine.h"
 #include "engine/memory_plan.h"
+#include "engine/state_file.h"
 #include "engine/sampler.h"
 #include "model/synthetic.h"
 
@@ -63,6 +70,8 @@ struct BenchOptions {
   bool profile = false;
   bool kernels = false;
   bool speculative = false;
+  std::string resume;       // the longest prompt's prefill resumes from and pauses into this state file
+  double time_limit_s = 0;  // with resume: seconds of prefill per run (0: no limit)
   // $DSV4_COMMIT first: the configure-time commit is stale after later commits, and a copy of the
   // tree on another machine may carry stale git metadata.
   std::string commit = std::getenv("DSV4_COMMIT") ? std::getenv("DSV4_COMMIT") : DSV4_COMMIT;
@@ -212,6 +221,10 @@ int run_bench(BenchOptions o) {
   if (o.batch < 1) fail(ErrorCode::invalid_input, "bench: --batch {}: at least one sequence", o.batch);
   if (o.speculative && o.batch != 1) fail(ErrorCode::invalid_input, "bench: --speculative times batch 1 only");
   const std::vector<int64_t> prompt_lens = parse_lengths(o.prompt_lens, "--prompt-lens");
+  if (!o.resume.empty() && prompt_lens.empty())
+    fail(ErrorCode::invalid_input, "bench: --resume prefills the longest of --prompt-lens, and there is none");
+  if (o.time_limit_s != 0 && o.resume.empty())
+    fail(ErrorCode::invalid_input, "bench: --time-limit pauses a --resume prefill; give --resume FILE");
   const std::vector<int64_t> contexts = parse_lengths(o.contexts, "--contexts");
 
   auto t0 = std::chrono::steady_clock::now();
@@ -298,21 +311,35 @@ int run_bench(BenchOptions o) {
   fmt::print("{:>9} {:>12} {:>10} {:>12} {:>10} {:>10} {:>11} {:>11}\n", "context", "prefill t/s", "fp8 frac",
              "decode t/s", "GB/s", "HBM frac", "state MiB", fmt::format("{}L GiB", full_config.n_layers));
   const engine::MemoryPlan full_plan = engine::plan_memory(full_config, 0, o.chunk, layout);
+  const int64_t resumed_len = o.resume.empty() ? 0 : *std::max_element(prompt_lens.begin(), prompt_lens.end());
   for (int64_t n : lengths) {
     const bool is_prompt = std::find(prompt_lens.begin(), prompt_lens.end(), n) != prompt_lens.end();
     const bool filled = o.fill_state && !is_prompt && n > o.fill_prefix;
     engine::SequenceState seq = eng.new_sequence();
     const std::vector<int32_t> prompt = random_ids(filled ? o.fill_prefix : n, c.vocab_size, o.seed + uint64_t(n));
-    t0 = std::chrono::steady_clock::now();
-    std::vector<float> logits = eng.prefill(seq, prompt, o.chunk, false);
-    const double prefill_s = seconds_since(t0);
+    std::vector<float> logits;
+    double prefill_s = 0;
+    int64_t prefill_runs = 1;  // runs the prefill took (--resume)
+    if (n == resumed_len) {
+      const ResumablePrefill r{o.resume, engine::state_fingerprint(c, model->weights(), numerics, layout), o.chunk,
+                               o.time_limit_s};
+      PrefillOutcome done = prefill_resumable(eng, seq, prompt, r);
+      if (!done.logits) break;  // paused: the longer lengths wait for the prompt too
+      logits = std::move(*done.logits);
+      prefill_s = done.seconds;
+      prefill_runs = done.runs;
+    } else {
+      t0 = std::chrono::steady_clock::now();
+      logits = eng.prefill(seq, prompt, o.chunk, false);
+      prefill_s = seconds_since(t0);
+    }
     if (filled) seq.repeat_to(n);
     const double prefill_tps = filled ? 0.0 : double(n) / prefill_s;
     const double fp8_frac = 2.0 * cost.elements * prefill_tps / o.fp8_flops;
     if (is_prompt)
       report({{"phase", "prefill"}, {"prompt_tokens", n}, {"seconds", prefill_s}, {"tok_s", prefill_tps},
               {"weight_flops_per_token", 2.0 * cost.elements}, {"fp8_peak_flops", o.fp8_flops},
-              {"fp8_peak_fraction", fp8_frac}});
+              {"fp8_peak_fraction", fp8_frac}, {"runs", prefill_runs}});
     double decode_tps = 0, bw = 0;
     if (std::find(contexts.begin(), contexts.end(), n) != contexts.end() && o.decode_tokens > 0) {
       // --batch B: B sequences at this context decode together, one forward_batch per step, so a
@@ -416,6 +443,10 @@ const bool registered = register_command({"bench", "Prefill and decode speed, by
                    "cuda: GPU time per op class while decoding at the largest context, printed at the end (each "
                    "op is waited for: the tok/s of that context is then not a speed figure)");
       app.add_flag("--kernels", o->kernels, "also time the decode GEMV alone on one large FP8, FP4 and BF16 matrix");
+      app.add_option("--resume", o->resume,
+                     "prefill the longest --prompt-lens over several runs: its state is saved to and resumed from "
+                     "this file");
+      app.add_option("--time-limit", o->time_limit_s, "with --resume: pause after this many seconds of prefill");
       app.add_flag("--speculative", o->speculative,
                    "also time speculative decoding's step (MTP draft + two-token forward) at each context, batch 1");
       app.add_option("--commit", o->commit, "commit to record (default: $DSV4_COMMIT, else the build's)")->capture_default_str();

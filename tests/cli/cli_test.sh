@@ -38,6 +38,16 @@ expect bench_batch_json 0 "" -- grep -q '"batch":3' "$tmp/b3.jsonl"
 expect bench_batch_positive 2 "batch" -- "$dsv4" bench --model "$model" --batch 0
 expect bench_speculative 0 "speculative at 16: draft" -- "$dsv4" bench --model "$model" --prompt-lens none --contexts 16 --decode-tokens 2 --speculative
 expect bench_speculative_batch_1 2 "batch 1 only" -- "$dsv4" bench --model "$model" --batch 2 --speculative
+# --resume: a prefill over runs. The first pauses after one piece (4 chunks of 8 tokens), the
+# second finishes and decodes; the files are gone after it.
+resume=("$dsv4" bench --model "$model" --prompt-lens 64 --contexts 64 --decode-tokens 2 --chunk 8 --resume "$tmp/r.state" --time-limit 1e-9)
+expect bench_resume_pauses 0 "paused after 32 of 64 tokens" -- "${resume[@]}"
+expect bench_resume_saves 0 "" -- test -s "$tmp/r.state" -a -s "$tmp/r.state.progress"
+expect bench_resume_refuses_another_prompt 2 "r.state: its 32 tokens are not a strict prefix" -- "${resume[@]}" --seed 2
+expect bench_resume_finishes 0 "32 of 64 prompt tokens done in 1 runs" -- "${resume[@]}" --json "$tmp/r.jsonl"
+expect bench_resume_reports_runs 0 "" -- grep -q '"phase":"prefill".*"runs":2' "$tmp/r.jsonl"
+expect bench_resume_cleans_up 0 "" -- test ! -e "$tmp/r.state" -a ! -e "$tmp/r.state.progress"
+expect bench_time_limit_needs_resume 2 "give --resume FILE" -- "$dsv4" bench --model "$model" --time-limit 5
 expect bench_needs_one_model 2 "exactly one of --model" -- "$dsv4" bench --model "$model" --synthetic v4-flash
 
 # --prompt-cache: a repeated prompt resumes one token before its end and decodes the same tokens as
