@@ -189,6 +189,23 @@ void check_fits(const StateSnapshot& snap, const std::vector<LayerState>& layers
   }
 }
 
+// The MTP block's part of a snapshot against the drafting sequence's DraftState, checked as above.
+void check_draft_fits(const DraftSnapshot& d, const DraftState& draft, int64_t n_past) {
+  if (d.rings.size() != draft.layers.size())
+    fail(ErrorCode::invalid_input, "snapshot of {} MTP blocks, the sequence has {}", d.rings.size(), draft.layers.size());
+  for (size_t i = 0; i < d.rings.size(); ++i)
+    if (d.rings[i].size() != draft.layers[i].ring.size())
+      fail(ErrorCode::invalid_input, "snapshot MTP block {}: ring of {} floats, the sequence needs {}", i,
+           d.rings[i].size(), draft.layers[i].ring.size());
+  if (d.n_past < 0 || d.n_past + int64_t(d.tokens.size()) != n_past)
+    fail(ErrorCode::invalid_input, "snapshot MTP block at position {} with {} waiting, the state is at {}", d.n_past,
+         d.tokens.size(), n_past);
+  const size_t want = d.tokens.size() * size_t(draft.hidden.format().stride);
+  if (d.hidden.size() != want)
+    fail(ErrorCode::invalid_input, "snapshot MTP block: {} floats of waiting rows, the sequence needs {}",
+         d.hidden.size(), want);
+}
+
 }  // namespace
 
 void SequenceState::repeat_to(int64_t n_tokens) {
@@ -221,11 +238,22 @@ StateSnapshot SequenceState::snapshot() const {
                   sizeof(float);
     snap.layers.push_back(std::move(l));
   }
+  if (draft) {
+    DraftSnapshot d;
+    for (const LayerState& ls : draft->layers) d.rings.push_back(clone(backend_, ls.ring));
+    d.n_past = draft->n_past;
+    d.tokens = draft->tokens;
+    d.hidden = clone(backend_, draft->hidden.data(), draft->hidden.stored_floats());
+    for (const Buffer& ring : d.rings) snap.bytes += ring.size() * sizeof(float);
+    snap.bytes += d.hidden.size() * sizeof(float) + d.tokens.size() * sizeof(int32_t);
+    snap.draft = std::move(d);
+  }
   return snap;
 }
 
 void SequenceState::restore(const StateSnapshot& snap) {
   check_fits(snap, layers, weights_);
+  if (draft && snap.draft) check_draft_fits(*snap.draft, *draft, snap.n_past);
   n_past = snap.n_past;
   for (size_t il = 0; il < layers.size(); ++il) {
     LayerState& ls = layers[il];
@@ -243,7 +271,18 @@ void SequenceState::restore(const StateSnapshot& snap) {
     restore_carry(ls.compressor, l.compressor_a, l.compressor_s);
     restore_carry(ls.index_compressor, l.index_compressor_a, l.index_compressor_s);
   }
-  if (draft) draft->n_past = n_past, draft->clear_pending();
+  if (!draft) return;
+  draft->clear_pending();
+  if (!snap.draft) {
+    draft->n_past = n_past;
+    return;
+  }
+  const DraftSnapshot& d = *snap.draft;
+  for (size_t i = 0; i < d.rings.size(); ++i)
+    backend_.copy(draft->layers[i].ring.get(), d.rings[i].get(), d.rings[i].size());
+  draft->n_past = d.n_past;
+  draft->tokens = d.tokens;
+  draft->hidden.append_stored(d.hidden.get(), int64_t(d.tokens.size()));
 }
 
 size_t SequenceState::bytes() const {

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "backend/backend.h"
@@ -93,9 +94,19 @@ struct LayerSnapshot {
   Buffer compressor_a, compressor_s, index_compressor_a, index_compressor_s;
 };
 
+// A drafting sequence's DraftState in a snapshot: the MTP block's rings, its position and the
+// positions waiting for it, so that drafts after a restore are those the sequence would have made.
+struct DraftSnapshot {
+  std::vector<Buffer> rings;    // one per MTP block
+  int64_t n_past = 0;
+  std::vector<int32_t> tokens;  // the waiting positions' tokens
+  Buffer hidden;                // and their final hc rows, [tokens.size(), hc·D]
+};
+
 struct StateSnapshot {
   int64_t n_past = 0;
   std::vector<LayerSnapshot> layers;
+  std::optional<DraftSnapshot> draft;  // present when taken of a drafting sequence
   size_t bytes = 0;
 };
 
@@ -116,8 +127,10 @@ class SequenceState {
   // Puts the sequence in the snapshot's state (continuing from there gives bit-identical results).
   // A snapshot that does not fit this sequence (layers, buffer sizes, row counts for its position)
   // is refused with invalid_input and the sequence is left as it was.
-  // (A drafting sequence's MTP block starts again from there with its ring as it was: snapshots do
-  // not hold it. Its drafts read stale window rows for a while; what is generated does not change.)
+  // A drafting sequence takes the MTP block's state from the snapshot too. A snapshot of a sequence
+  // that did not draft has none: the block then starts from there with its ring as it was, and its
+  // drafts read stale window rows for a while (what is generated does not change, only how many
+  // drafts are accepted).
   void restore(const StateSnapshot& snapshot);
 
   // Taking back the last position, a rejected draft token. undo_point(q), before the step that

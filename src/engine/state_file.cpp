@@ -153,6 +153,40 @@ class Reader {
   size_t at_ = 0;
 };
 
+// A buffer as u64 n_floats, f32 data[n_floats], through host memory.
+void write_buffer(Writer& out, const Buffer& buf, Backend& backend) {
+  out.value(uint64_t(buf.size()));
+  if (buf.size() == 0) return;
+  std::vector<float> host(buf.size());
+  backend.to_host(host.data(), buf.get(), buf.size());
+  out.bytes(host.data(), host.size() * sizeof(float));
+}
+
+Buffer read_buffer(Reader& in, Backend& backend, const std::string& what) {
+  const uint64_t n = in.value<uint64_t>(what);
+  const uint8_t* data = in.take(n, sizeof(float), what);
+  if (n == 0) return Buffer();
+  std::vector<float> host(n);
+  std::memcpy(host.data(), data, n * sizeof(float));  // the mapping need not be float-aligned
+  Buffer buf(backend, n);
+  backend.from_host(buf.get(), host.data(), n);
+  return buf;
+}
+
+// Token ids as u64 count, i32 ids[count].
+void write_tokens(Writer& out, std::span<const int32_t> tokens) {
+  out.value(uint64_t(tokens.size()));
+  out.bytes(tokens.data(), tokens.size_bytes());
+}
+
+std::vector<int32_t> read_tokens(Reader& in, const std::string& what) {
+  const uint64_t n = in.value<uint64_t>(what + " count");
+  const uint8_t* data = in.take(n, sizeof(int32_t), what);
+  std::vector<int32_t> tokens(n);
+  if (n > 0) std::memcpy(tokens.data(), data, n * sizeof(int32_t));
+  return tokens;
+}
+
 void write_fingerprint(Writer& out, const StateFingerprint& fp) {
   out.value(uint32_t(fp.fields.size()));
   for (const auto& [name, value] : fp.fields) out.text(name), out.text(value);
@@ -189,17 +223,33 @@ LayerSnapshot read_layer(Reader& in, Backend& backend) {
   l.n_index_keys = in.value<int64_t>("indexer key count");
   if (l.n_compressed < 0 || l.n_index_keys < 0)
     fail(ErrorCode::invalid_input, "{} compressed rows and {} indexer keys", l.n_compressed, l.n_index_keys);
-  std::vector<float> host;
-  for (const LayerBuffer& b : kLayerBuffers) {
-    const uint64_t n = in.value<uint64_t>(b.name);
-    const uint8_t* data = in.take(n, sizeof(float), b.name);
-    if (n == 0) continue;
-    host.resize(n);
-    std::memcpy(host.data(), data, n * sizeof(float));  // the mapping need not be float-aligned
-    (l.*b.member) = Buffer(backend, n);
-    backend.from_host((l.*b.member).get(), host.data(), n);
-  }
+  for (const LayerBuffer& b : kLayerBuffers) (l.*b.member) = read_buffer(in, backend, b.name);
   return l;
+}
+
+// The MTP block's part (version 2 on): u8 present, then u32 n_rings and each ring, i64 n_past,
+// the waiting tokens, and their rows.
+void write_draft(Writer& out, const std::optional<DraftSnapshot>& draft, Backend& backend) {
+  out.value(uint8_t(draft ? 1 : 0));
+  if (!draft) return;
+  out.value(uint32_t(draft->rings.size()));
+  for (const Buffer& ring : draft->rings) write_buffer(out, ring, backend);
+  out.value(int64_t(draft->n_past));
+  write_tokens(out, draft->tokens);
+  write_buffer(out, draft->hidden, backend);
+}
+
+std::optional<DraftSnapshot> read_draft(Reader& in, Backend& backend) {
+  const uint8_t present = in.value<uint8_t>("MTP block flag");
+  if (present > 1) fail(ErrorCode::invalid_input, "MTP block flag {}, expected 0 or 1", present);
+  if (!present) return std::nullopt;
+  DraftSnapshot d;
+  const uint32_t n_rings = in.value<uint32_t>("MTP block count");
+  for (uint32_t i = 0; i < n_rings; ++i) d.rings.push_back(read_buffer(in, backend, "MTP block ring"));
+  d.n_past = in.value<int64_t>("MTP block position");
+  d.tokens = read_tokens(in, "MTP block waiting tokens");
+  d.hidden = read_buffer(in, backend, "MTP block waiting rows");
+  return d;
 }
 
 SavedState read_state(const model::MappedFile& file, const StateFingerprint& expected, Backend& backend) {
@@ -207,20 +257,18 @@ SavedState read_state(const model::MappedFile& file, const StateFingerprint& exp
   if (file.size() < sizeof(kMagic) || std::memcmp(in.take(sizeof(kMagic), 1, "magic"), kMagic, sizeof(kMagic)) != 0)
     fail(ErrorCode::invalid_input, "not a dsv4 state file (no DSV4STAT magic)");
   const uint32_t version = in.value<uint32_t>("version");
-  if (version != kStateFileVersion)
-    fail(ErrorCode::invalid_input, "state file format version {}, this dsv4 reads version {}", version,
-         kStateFileVersion);
+  if (version < kOldestStateFileVersion || version > kStateFileVersion)
+    fail(ErrorCode::invalid_input, "state file format version {}, this dsv4 reads versions {} to {}", version,
+         kOldestStateFileVersion, kStateFileVersion);
   check_fingerprint(in, expected);
 
   SavedState saved;
-  const uint64_t n_tokens = in.value<uint64_t>("token count");
-  const uint8_t* tokens = in.take(n_tokens, sizeof(int32_t), "tokens");
-  saved.tokens.resize(n_tokens);
-  if (n_tokens > 0) std::memcpy(saved.tokens.data(), tokens, n_tokens * sizeof(int32_t));
+  saved.tokens = read_tokens(in, "token");
   StateSnapshot& snap = saved.snapshot;
   snap.n_past = in.value<int64_t>("n_past");
-  if (snap.n_past < 0 || uint64_t(snap.n_past) != n_tokens)
-    fail(ErrorCode::invalid_input, "the state is at position {} but covers {} tokens", snap.n_past, n_tokens);
+  if (snap.n_past < 0 || uint64_t(snap.n_past) != saved.tokens.size())
+    fail(ErrorCode::invalid_input, "the state is at position {} but covers {} tokens", snap.n_past,
+         saved.tokens.size());
 
   const uint32_t n_layers = in.value<uint32_t>("layer count");
   for (uint32_t il = 0; il < n_layers; ++il) {
@@ -230,6 +278,11 @@ SavedState read_state(const model::MappedFile& file, const StateFingerprint& exp
       throw e.within(fmt::format("layer {}", il));
     }
     for (const LayerBuffer& b : kLayerBuffers) snap.bytes += (snap.layers.back().*b.member).size() * sizeof(float);
+  }
+  if (version >= 2) snap.draft = read_draft(in, backend);  // version 1 files have no MTP block part
+  if (snap.draft) {
+    for (const Buffer& ring : snap.draft->rings) snap.bytes += ring.size() * sizeof(float);
+    snap.bytes += snap.draft->hidden.size() * sizeof(float) + snap.draft->tokens.size() * sizeof(int32_t);
   }
 
   Checksum checksum;
@@ -283,23 +336,15 @@ void save_state(const std::filesystem::path& path, const StateFingerprint& finge
     out.bytes(kMagic, sizeof(kMagic));
     out.value(kStateFileVersion);
     write_fingerprint(out, fingerprint);
-    out.value(uint64_t(tokens.size()));
-    out.bytes(tokens.data(), tokens.size_bytes());
+    write_tokens(out, tokens);
     out.value(int64_t(snapshot.n_past));
     out.value(uint32_t(snapshot.layers.size()));
-    std::vector<float> host;
     for (const LayerSnapshot& l : snapshot.layers) {
       out.value(int64_t(l.n_compressed));
       out.value(int64_t(l.n_index_keys));
-      for (const LayerBuffer& b : kLayerBuffers) {
-        const Buffer& buf = l.*b.member;
-        out.value(uint64_t(buf.size()));
-        if (buf.size() == 0) continue;
-        host.resize(buf.size());
-        backend.to_host(host.data(), buf.get(), buf.size());
-        out.bytes(host.data(), host.size() * sizeof(float));
-      }
+      for (const LayerBuffer& b : kLayerBuffers) write_buffer(out, l.*b.member, backend);
     }
+    write_draft(out, snapshot.draft, backend);
     out.finish();
     std::error_code ec;
     std::filesystem::rename(tmp, path, ec);

@@ -8,6 +8,8 @@
 //   i64 n_past (= n_tokens)
 //   u32 n_layers, then per layer: i64 n_compressed, i64 n_index_keys, and each buffer of
 //       LayerSnapshot in a fixed order as u64 n_floats, f32 data[n_floats]
+//   (version 2 on) u8 has_draft; when 1, the MTP block's DraftSnapshot: u32 n_rings and each ring
+//       (as a buffer above), i64 n_past, u64 n_waiting, i32 tokens[n_waiting], the waiting rows
 //   u64 checksum of every byte before it
 // (str: u32 length, bytes.) Buffers are stored with their float counts, not a row width, so the
 // format does not depend on how a row is laid out; SequenceState::restore checks that they fit.
@@ -27,7 +29,8 @@
 
 namespace dsv4::engine {
 
-constexpr uint32_t kStateFileVersion = 1;
+constexpr uint32_t kStateFileVersion = 2;        // written
+constexpr uint32_t kOldestStateFileVersion = 1;  // still read: version 1 has no MTP block part
 
 // What a state file must match to be loaded: the numerics, the state layout (how compressed rows
 // are stored), the config fields that shape the model and its state, and a digest of a sample of

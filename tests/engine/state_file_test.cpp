@@ -93,6 +93,37 @@ TEST_F(StateFile, LoadedStateContinuesBitIdentically) {
   }
 }
 
+// A drafting sequence's state keeps the MTP block's part (its ring, position and waiting rows): drafts
+// after loading it are those the sequence would have made, bit for bit.
+TEST_F(StateFile, ADraftingStateRoundTripsWithItsDrafts) {
+  const int64_t at = 150, waiting = 7, rest = 20;
+  SequenceState original = engine_->new_sequence(true);
+  engine_->forward(original, tokens(0, at), false);
+  engine_->draft(original, tokens_[size_t(at)], LogitRows::none);
+  engine_->forward(original, tokens(at, waiting), false);  // positions the block has not run yet
+  const StateSnapshot snap = original.snapshot();
+  ASSERT_TRUE(snap.draft.has_value());
+  EXPECT_EQ(snap.draft->tokens.size(), size_t(waiting));
+  save_state(path_, fingerprint_, tokens(0, at + waiting), snap, engine_->backend());
+
+  const SavedState saved = load_state(path_, fingerprint_, engine_->backend());
+  EXPECT_EQ(saved.snapshot.bytes, snap.bytes);
+  SequenceState resumed = engine_->new_sequence(true);
+  engine_->forward(resumed, tokens(2000, 200), false);  // another conversation's rows in the block's ring
+  engine_->draft(resumed, 3, LogitRows::none);
+  resumed.restore(saved.snapshot);
+  for (SequenceState* seq : {&original, &resumed}) engine_->forward(*seq, tokens(at + waiting, rest), false);
+  const std::vector<float> want = engine_->draft(original, tokens_[size_t(at + waiting + rest)], LogitRows::all);
+  const std::vector<float> got = engine_->draft(resumed, tokens_[size_t(at + waiting + rest)], LogitRows::all);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+
+  // A sequence that does not draft takes the rest of the state and leaves the block's part.
+  SequenceState plain = engine_->new_sequence();
+  plain.restore(saved.snapshot);
+  EXPECT_EQ(plain.n_past, at + waiting);
+}
+
 TEST_F(StateFile, AnEmptyStateRoundTrips) {
   // What `generate --prompt-cache` saves for a one-token prompt: no tokens, no compressed rows.
   save_after(0);
@@ -115,7 +146,7 @@ TEST_F(StateFile, RefusesAnotherFormatVersion) {
   save_after(10);
   overwrite_bytes(8, std::string("\x07\x00\x00\x00", 4));
   const std::string error = load_error(fingerprint_);
-  EXPECT_NE(error.find(path_.string() + ": state file format version 7, this dsv4 reads version 1"), std::string::npos)
+  EXPECT_NE(error.find(path_.string() + ": state file format version 7, this dsv4 reads versions 1 to 2"), std::string::npos)
       << error;
 }
 
@@ -204,6 +235,30 @@ TEST_F(StateFile, RestoreRefusesASnapshotThatDoesNotFitAndKeepsTheSequence) {
   StateSnapshot moved = source.snapshot();
   moved.n_past += 4;
   expect_refused(moved, "compressed rows at position 134, the sequence expects");
+}
+
+TEST_F(StateFile, RestoreRefusesAnMtpBlockPartThatDoesNotFit) {
+  SequenceState source = engine_->new_sequence(true);
+  engine_->forward(source, tokens(0, 130), false);
+  SequenceState target = engine_->new_sequence(true);
+  engine_->forward(target, tokens(500, 7), false);
+  auto expect_refused = [&](const StateSnapshot& snap, const std::string& message) {
+    try {
+      target.restore(snap);
+      ADD_FAILURE() << "restored: " << message;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::invalid_input);
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(target.n_past, 7);
+    EXPECT_EQ(target.draft->pending(), 7);
+  };
+  StateSnapshot lost_token = source.snapshot();
+  lost_token.draft->tokens.pop_back();
+  expect_refused(lost_token, "snapshot MTP block at position 0 with 129 waiting, the state is at 130");
+  StateSnapshot short_ring = source.snapshot();
+  short_ring.draft->rings[0] = Buffer(engine_->backend(), short_ring.draft->rings[0].size() - 1);
+  expect_refused(short_ring, "snapshot MTP block 0: ring of");
 }
 
 }  // namespace dsv4::engine
