@@ -41,8 +41,8 @@
 #include "engine/device.h"
 #include "engine/engine.h"
 #include "engine/memory_plan.h"
-#include "engine/state_file.h"
 #include "engine/sampler.h"
+#include "engine/state_file.h"
 #include "model/synthetic.h"
 
 #ifndef DSV4_COMMIT
@@ -225,6 +225,7 @@ int run_bench(BenchOptions o) {
     fail(ErrorCode::invalid_input, "bench: --resume prefills the longest of --prompt-lens, and there is none");
   if (o.time_limit_s != 0 && o.resume.empty())
     fail(ErrorCode::invalid_input, "bench: --time-limit pauses a --resume prefill; give --resume FILE");
+  if (o.time_limit_s < 0) fail(ErrorCode::invalid_input, "bench: --time-limit {}: seconds, at least 0", o.time_limit_s);
   const std::vector<int64_t> contexts = parse_lengths(o.contexts, "--contexts");
 
   auto t0 = std::chrono::steady_clock::now();

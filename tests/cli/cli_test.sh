@@ -48,6 +48,7 @@ expect bench_resume_finishes 0 "32 of 64 prompt tokens done in 1 runs" -- "${res
 expect bench_resume_reports_runs 0 "" -- grep -q '"phase":"prefill".*"runs":2' "$tmp/r.jsonl"
 expect bench_resume_cleans_up 0 "" -- test ! -e "$tmp/r.state" -a ! -e "$tmp/r.state.progress"
 expect bench_time_limit_needs_resume 2 "give --resume FILE" -- "$dsv4" bench --model "$model" --time-limit 5
+expect bench_time_limit_not_negative 2 "at least 0" -- "$dsv4" bench --model "$model" --resume "$tmp/n.state" --time-limit -1
 expect bench_needs_one_model 2 "exactly one of --model" -- "$dsv4" bench --model "$model" --synthetic v4-flash
 
 # --prompt-cache: a repeated prompt resumes one token before its end and decodes the same tokens as
