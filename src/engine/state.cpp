@@ -219,6 +219,12 @@ void SequenceState::repeat_to(int64_t n_tokens) {
   if (draft) draft->n_past = n_past, draft->clear_pending();
 }
 
+size_t DraftSnapshot::bytes() const {
+  size_t n = hidden.size() * sizeof(float) + tokens.size() * sizeof(int32_t);
+  for (const Buffer& ring : rings) n += ring.size() * sizeof(float);
+  return n;
+}
+
 StateSnapshot SequenceState::snapshot() const {
   StateSnapshot snap;
   snap.n_past = n_past;
@@ -244,8 +250,7 @@ StateSnapshot SequenceState::snapshot() const {
     d.n_past = draft->n_past;
     d.tokens = draft->tokens;
     d.hidden = clone(backend_, draft->hidden.data(), draft->hidden.stored_floats());
-    for (const Buffer& ring : d.rings) snap.bytes += ring.size() * sizeof(float);
-    snap.bytes += d.hidden.size() * sizeof(float) + d.tokens.size() * sizeof(int32_t);
+    snap.bytes += d.bytes();
     snap.draft = std::move(d);
   }
   return snap;

@@ -101,6 +101,7 @@ struct DraftSnapshot {
   int64_t n_past = 0;
   std::vector<int32_t> tokens;  // the waiting positions' tokens
   Buffer hidden;                // and their final hc rows, [tokens.size(), hc·D]
+  size_t bytes() const;
 };
 
 struct StateSnapshot {

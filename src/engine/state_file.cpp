@@ -280,10 +280,7 @@ SavedState read_state(const model::MappedFile& file, const StateFingerprint& exp
     for (const LayerBuffer& b : kLayerBuffers) snap.bytes += (snap.layers.back().*b.member).size() * sizeof(float);
   }
   if (version >= 2) snap.draft = read_draft(in, backend);  // version 1 files have no MTP block part
-  if (snap.draft) {
-    for (const Buffer& ring : snap.draft->rings) snap.bytes += ring.size() * sizeof(float);
-    snap.bytes += snap.draft->hidden.size() * sizeof(float) + snap.draft->tokens.size() * sizeof(int32_t);
-  }
+  if (snap.draft) snap.bytes += snap.draft->bytes();
 
   Checksum checksum;
   checksum.add(file.data(), in.at());
