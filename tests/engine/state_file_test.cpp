@@ -52,6 +52,16 @@ class StateFile : public testing::Test {
     }
     return "";
   }
+  // Expects restoring `snap` into `target` to be refused with an error containing `message`.
+  static void expect_restore_refused(SequenceState& target, const StateSnapshot& snap, const std::string& message) {
+    try {
+      target.restore(snap);
+      ADD_FAILURE() << "restored: " << message;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::invalid_input);
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  }
   void overwrite_bytes(size_t offset, const std::string& bytes) {
     std::fstream f(path_, std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(std::streamoff(offset));
@@ -209,13 +219,7 @@ TEST_F(StateFile, RestoreRefusesASnapshotThatDoesNotFitAndKeepsTheSequence) {
   SequenceState target = engine_->new_sequence();
   engine_->forward(target, tokens(500, 7), false);
   auto expect_refused = [&](const StateSnapshot& snap, const std::string& message) {
-    try {
-      target.restore(snap);
-      ADD_FAILURE() << "restored: " << message;
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::invalid_input);
-      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
-    }
+    expect_restore_refused(target, snap, message);
     EXPECT_EQ(target.n_past, 7);
   };
 
@@ -243,13 +247,7 @@ TEST_F(StateFile, RestoreRefusesAnMtpBlockPartThatDoesNotFit) {
   SequenceState target = engine_->new_sequence(true);
   engine_->forward(target, tokens(500, 7), false);
   auto expect_refused = [&](const StateSnapshot& snap, const std::string& message) {
-    try {
-      target.restore(snap);
-      ADD_FAILURE() << "restored: " << message;
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::invalid_input);
-      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
-    }
+    expect_restore_refused(target, snap, message);
     EXPECT_EQ(target.n_past, 7);
     EXPECT_EQ(target.draft->pending(), 7);
   };
