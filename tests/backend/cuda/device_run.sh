@@ -69,7 +69,10 @@ if [ "${SANITIZE:-0}" = 1 ]; then
     >"$out/racecheck.log" 2>&1
   echo "racecheck: exit $? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$out/racecheck.log" | tail -1)"
 fi
-if [ -n "${BENCH:-}" ]; then
+# Benches are recorded against twins that passed: a differing output or a failed test skips them.
+if [ -n "${BENCH:-}" ] && { [ "$status" != 0 ] || grep -E '^\[ twin ' "$out/test.log" | grep -qv 'bit-exact\|identical$'; }; then
+  echo "bench skipped: the twins did not all pass"
+elif [ -n "${BENCH:-}" ]; then
   cmake --build build -j"$(nproc)" --target dsv4 >>"$out/build.log" 2>&1 || { tail -20 "$out/build.log"; exit 1; }
   IFS=';' read -ra runs <<<"$BENCH"
   for args in "${runs[@]}"; do
