@@ -49,9 +49,11 @@
 // (One block per (query, head) with one warp per row, as before, re-decoded every row once per
 // head in double: 1.2 ms per HCA layer at 1M context on an H200.)
 //
-// Many queries (prefill): one block of 256 threads per (query, head); the grid is full. The query
-// and the logits of every row it attends live in shared memory (so the row count is bounded by
-// shared memory: ~50K rows on Hopper). Phase 1 has one warp per row for the dot product (double,
+// Many queries over many rows (prefill past the window, more than kOneBlockMaxRows rows): groups of
+// kFewQueries queries through the four kernels above, so that a decoded row serves many heads.
+// Many queries over few rows (prefill within the window): one block of 256 threads per (query,
+// head); the grid is full. The query and the logits of every row it attends live in shared
+// memory. Phase 1 has one warp per row for the dot product (double,
 // shuffle reduction); phase 2 the max and exponentials block-wide; phase 3 sums P·V in double:
 // warp w takes every 8th row, each lane the groups of 4 dims at 128·i + 4·lane (so each row is
 // one coalesced read with many loads in flight), and the 8 partial sums are added in warp order.
@@ -69,6 +71,21 @@ constexpr int kAttnThreads = 256;
 constexpr int kAttnWarps = kAttnThreads / 32;
 constexpr int kMaxHeadDim = 512;  // many queries: phase 3 keeps hd/32 double sums per lane in registers
 constexpr int64_t kFewQueries = 8;
+// Many queries attending at most this many rows run one block per (query, head); more rows, in
+// groups of kFewQueries on the tensor-core kernels. (A prefill chunk of 2 048 queries over a CSA
+// layer's 640 rows took 116 ms in the one-block kernel on an H200.)
+constexpr int64_t kOneBlockMaxRows = 256;
+
+// The most rows any of queries [p0, p0 + T) attends: the window, plus the selection or the
+// visible compressed rows.
+int64_t rows_attended(int64_t p0, int64_t T, const SwaRows& swa, const CompressedRows& comp) {
+  int64_t n_comp_max = 0;
+  if (comp.idx)
+    n_comp_max = comp.k;
+  else if (comp.ratio > 0)
+    n_comp_max = std::min(comp.n, (p0 + T) / comp.ratio);
+  return std::min(swa.window, p0 + T) + n_comp_max;
+}
 
 __global__ void swa_gather_kernel(const float* ring, int64_t window, int64_t width, int64_t pos_begin, float* dst) {
   const int64_t p = pos_begin + blockIdx.x;
@@ -85,6 +102,8 @@ __global__ void swa_store_kernel(float* ring, int64_t window, int64_t width, con
   for (int64_t c = threadIdx.x; c < width; c += blockDim.x) dst[c] = rows[i * width + c];
 }
 
+}  // namespace
+
 struct AttnArgs {
   const float* q;
   int64_t H, hd, p0;
@@ -96,6 +115,8 @@ struct AttnArgs {
   bool bf16;
   float* out;
 };
+
+namespace {
 
 // Row j of a query's rows: its data, and whether it is a window row (fp32) or a compressed row
 // (stored kind). p is nullptr for a skipped selection entry and past the last row.
@@ -531,6 +552,53 @@ void CudaBackend::swa_store(float* ring, int64_t window, int64_t width, const fl
   DSV4_CUDA_LAUNCHED("swa_store");
 }
 
+void CudaBackend::few_query_attention(const AttnArgs& args, int64_t T) {
+  const int64_t H = args.H, hd = args.hd, n_max = args.n_max;
+  const bool fp8_rows = args.comp.format.kind == RowFormat::fp8_bf16;
+  // Launch shapes (see the top): the most work per block that still gives every SM two blocks.
+  const auto ceil_div = [](int64_t x, int64_t y) { return (x + y - 1) / y; };
+  const int64_t logit_heads = ceil_div(H, kLogitHeads), value_heads = ceil_div(H, kValueHeads);
+  const auto logit_blocks = [&](int parts) { return ceil_div(n_max, kLogitRows * (kAttnWarps / parts)) * logit_heads * T; };
+  const auto value_blocks = [&](int cols, int64_t rows) {
+    return ceil_div(n_max, rows) * ceil_div(hd, kValueWarpDims * cols) * T * value_heads;
+  };
+  int logit_parts = 1;
+  const int64_t enough = kDecodeBlocksPerSm * sm_count_;
+  while (logit_parts < kAttnWarps && logit_blocks(logit_parts) < enough) logit_parts *= 2;
+  int value_cols = kValueSplit;
+  int64_t value_rows = kValueRows;
+  if (value_blocks(value_cols, value_rows) < enough) {
+    value_cols = 1;  // kValueSplit row groups of 8 rows
+    while (value_rows > 8 * kValueSplit && value_blocks(value_cols, value_rows) < enough) value_rows /= 2;
+  }
+  const int64_t slices = ceil_div(n_max, value_rows);
+  DeviceArray<float> logits(stream_, size_t(T * H * n_max));
+  DeviceArray<double> den(stream_, size_t(T * H)), partial(stream_, size_t(T * slices * H * hd));
+  const DecodeArgs d{args, logit_parts, value_cols, value_rows, slices, logits.get(), den.get(), partial.get()};
+  const size_t logit_smem =
+      size_t(std::max<int64_t>(kLogitHeads * (logit_dims(hd) + 1), kAttnWarps * 8 * kLogitSumPitch)) * sizeof(double);
+  const size_t value_smem =
+      size_t(std::max(kValueHeads * kValuePitch, kAttnWarps * 32 * kValueSumPitch)) * sizeof(double);
+  const auto logits_kernel =
+      fp8_rows ? decode_logits_kernel<RowFormat::fp8_bf16> : decode_logits_kernel<RowFormat::f32>;
+  const auto values_kernel =
+      fp8_rows ? decode_values_kernel<RowFormat::fp8_bf16> : decode_values_kernel<RowFormat::f32>;
+  allow_shared_memory(reinterpret_cast<const void*>(logits_kernel), logit_smem, "attention logits");
+  allow_shared_memory(reinterpret_cast<const void*>(values_kernel), value_smem, "attention values");
+  const dim3 logit_grid(unsigned(ceil_div(n_max, kLogitRows * (kAttnWarps / logit_parts))), unsigned(logit_heads),
+                        unsigned(T));
+  logits_kernel<<<logit_grid, kAttnThreads, logit_smem, stream_>>>(d);
+  DSV4_CUDA_LAUNCHED("attention (logits)");
+  decode_softmax_kernel<<<dim3(unsigned(T), unsigned(H)), kSoftmaxThreads, 0, stream_>>>(d);
+  DSV4_CUDA_LAUNCHED("attention (softmax)");
+  const dim3 value_grid(unsigned(slices), unsigned(ceil_div(hd, kValueWarpDims * value_cols)),
+                        unsigned(T * value_heads));
+  values_kernel<<<value_grid, kAttnThreads, value_smem, stream_>>>(d);
+  DSV4_CUDA_LAUNCHED("attention (values)");
+  decode_combine_kernel<<<dim3(unsigned((hd + 31) / 32), unsigned(H), unsigned(T)), kAttnThreads, 0, stream_>>>(d);
+  DSV4_CUDA_LAUNCHED("attention (combine)");
+}
+
 void CudaBackend::attention(const float* q, int64_t T, int64_t H, int64_t hd, int64_t p0, const SwaRows& swa,
                             const CompressedRows& comp, const float* sinks, float softmax_scale, float* out) {
   Timed timed(*this, "attention");
@@ -538,13 +606,7 @@ void CudaBackend::attention(const float* q, int64_t T, int64_t H, int64_t hd, in
                     "window rows [", swa.first_pos, ", ", swa.first_pos + swa.n, ") do not cover queries [", p0, ", ",
                     p0 + T, ")");
   if (T == 0 || H == 0) return;
-  // The most rows any query attends: the window, plus the selection or the visible compressed rows.
-  int64_t n_comp_max = 0;
-  if (comp.idx)
-    n_comp_max = comp.k;
-  else if (comp.ratio > 0)
-    n_comp_max = std::min(comp.n, (p0 + T) / comp.ratio);
-  const int64_t n_max = std::min(swa.window, p0 + T) + n_comp_max;
+  const int64_t n_max = rows_attended(p0, T, swa, comp);
   DSV4_CUDA_REQUIRE(!comp.kv || comp.format.width == hd, "attention: compressed rows of width ", comp.format.width,
                     ", heads of ", hd);
   // Groups of 4 dims: 16-byte aligned window rows, e4m3 groups that never straddle the bf16 tail.
@@ -558,48 +620,24 @@ void CudaBackend::attention(const float* q, int64_t T, int64_t H, int64_t hd, in
   const bool fp8_rows = comp.format.kind == RowFormat::fp8_bf16;
 
   if (T <= kFewQueries) {
-    // Launch shapes (see the top): the most work per block that still gives every SM two blocks.
-    const auto ceil_div = [](int64_t x, int64_t y) { return (x + y - 1) / y; };
-    const int64_t logit_heads = ceil_div(H, kLogitHeads), value_heads = ceil_div(H, kValueHeads);
-    const auto logit_blocks = [&](int parts) { return ceil_div(n_max, kLogitRows * (kAttnWarps / parts)) * logit_heads * T; };
-    const auto value_blocks = [&](int cols, int64_t rows) {
-      return ceil_div(n_max, rows) * ceil_div(hd, kValueWarpDims * cols) * T * value_heads;
-    };
-    int logit_parts = 1;
-    const int64_t enough = kDecodeBlocksPerSm * sm_count_;
-    while (logit_parts < kAttnWarps && logit_blocks(logit_parts) < enough) logit_parts *= 2;
-    int value_cols = kValueSplit;
-    int64_t value_rows = kValueRows;
-    if (value_blocks(value_cols, value_rows) < enough) {
-      value_cols = 1;  // kValueSplit row groups of 8 rows
-      while (value_rows > 8 * kValueSplit && value_blocks(value_cols, value_rows) < enough) value_rows /= 2;
+    few_query_attention(args, T);
+    return;
+  }
+  if (n_max > kOneBlockMaxRows) {
+    // Many queries over many rows (a prefill past the window): groups of kFewQueries queries on
+    // the tensor-core kernels. Each decoded row then serves 16 heads (logits) or 64 (values) of a
+    // query instead of one: for an HCA layer at 1M context the one-block kernel's re-decoding
+    // would cost about 1.2 ms per query. Queries are independent, so the outputs are the same.
+    for (int64_t t0 = 0; t0 < T; t0 += kFewQueries) {
+      const int64_t n = std::min(kFewQueries, T - t0);
+      AttnArgs part = args;
+      part.q += t0 * H * hd;
+      part.out += t0 * H * hd;
+      part.p0 = p0 + t0;
+      if (part.comp.idx) part.comp.idx += t0 * comp.k;
+      part.n_max = rows_attended(part.p0, n, swa, comp);
+      few_query_attention(part, n);
     }
-    const int64_t slices = ceil_div(n_max, value_rows);
-    DeviceArray<float> logits(stream_, size_t(T * H * n_max));
-    DeviceArray<double> den(stream_, size_t(T * H)), partial(stream_, size_t(T * slices * H * hd));
-    const DecodeArgs d{args, logit_parts, value_cols, value_rows, slices, logits.get(), den.get(), partial.get()};
-    const size_t logit_smem =
-        size_t(std::max<int64_t>(kLogitHeads * (logit_dims(hd) + 1), kAttnWarps * 8 * kLogitSumPitch)) * sizeof(double);
-    const size_t value_smem =
-        size_t(std::max(kValueHeads * kValuePitch, kAttnWarps * 32 * kValueSumPitch)) * sizeof(double);
-    const auto logits_kernel =
-        fp8_rows ? decode_logits_kernel<RowFormat::fp8_bf16> : decode_logits_kernel<RowFormat::f32>;
-    const auto values_kernel =
-        fp8_rows ? decode_values_kernel<RowFormat::fp8_bf16> : decode_values_kernel<RowFormat::f32>;
-    allow_shared_memory(reinterpret_cast<const void*>(logits_kernel), logit_smem, "attention logits");
-    allow_shared_memory(reinterpret_cast<const void*>(values_kernel), value_smem, "attention values");
-    const dim3 logit_grid(unsigned(ceil_div(n_max, kLogitRows * (kAttnWarps / logit_parts))), unsigned(logit_heads),
-                          unsigned(T));
-    logits_kernel<<<logit_grid, kAttnThreads, logit_smem, stream_>>>(d);
-    DSV4_CUDA_LAUNCHED("attention (logits)");
-    decode_softmax_kernel<<<dim3(unsigned(T), unsigned(H)), kSoftmaxThreads, 0, stream_>>>(d);
-    DSV4_CUDA_LAUNCHED("attention (softmax)");
-    const dim3 value_grid(unsigned(slices), unsigned(ceil_div(hd, kValueWarpDims * value_cols)),
-                          unsigned(T * value_heads));
-    values_kernel<<<value_grid, kAttnThreads, value_smem, stream_>>>(d);
-    DSV4_CUDA_LAUNCHED("attention (values)");
-    decode_combine_kernel<<<dim3(unsigned((hd + 31) / 32), unsigned(H), unsigned(T)), kAttnThreads, 0, stream_>>>(d);
-    DSV4_CUDA_LAUNCHED("attention (combine)");
     return;
   }
 

@@ -42,6 +42,8 @@ struct LinearView {
 // One matrix product for the GEMM kernels: y[m] = x[m / x_div] · W_mᵀ over rows [row0, row0+rows)
 // for token rows m in [0, T). W_m is `W`, or table[view_of_row[m]] when a table is given (the
 // routed experts: one matrix per (token, slot) row; an out-of-range index yields 0).
+struct AttnArgs;  // one attention call's operands (attention.cu)
+
 struct GemmRequest {
   LinearView W;
   const LinearView* table = nullptr;
@@ -181,6 +183,10 @@ class CudaBackend final : public Backend {
   const int32_t* cyclic_ids(int64_t period, int64_t n);
   int32_t* cyclic_ids_ = nullptr;
   int64_t cyclic_period_ = 0, cyclic_n_ = 0;
+
+  // Attention of T ≤ kFewQueries queries on the FP64 tensor cores (attention.cu): logits, softmax,
+  // values and combine, the launch shapes chosen to fill the GPU.
+  void few_query_attention(const AttnArgs& a, int64_t T);
 
   // ---- shared GEMM entry (gemm.cu), used by linear, hc and moe ----
   void gemm(const GemmRequest& r);

@@ -95,6 +95,10 @@ TEST(CudaTwin, Attention) {
       {1, 64, 512, 40000, 128, 10000, 4, 512, 448},   // … slices of 64: CSA, 640 rows with −1 entries
       {1, 64, 512, 399999, 128, 3125, 128, 0, 448},   // 2 dim parts, slices of 128 over row groups: 3 253 rows
       {9, 70, 72, 3000, 128, 23, 128},                // one more: one block per (query, head)
+      // Many queries over more than 256 rows: groups of 8 on the tensor-core kernels.
+      {20, 64, 512, 40000, 128, 10000, 4, 512, 448},  // V4-Flash CSA prefill: groups of 8, 8 and 4
+      {19, 8, 72, 3000, 128, 754, 4},                 // visible rows growing across the groups, fp32 rows
+      {17, 64, 512, 262000, 128, 2047, 128, 0, 448},  // V4-Flash HCA prefill at 256K context
   };
   for (const AttnCase& c : cases) {
     const std::string name = "attention T" + std::to_string(c.T) + " H" + std::to_string(c.H) + " hd" +
