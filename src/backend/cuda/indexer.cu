@@ -134,10 +134,13 @@ __device__ inline void stage_fp4_rows(const float* src, RowFormat f, int rows, i
   }
 }
 
+// The query's words, exponents and weights, then the keys' words and exponents, whose space the
+// terms take over once the keys are in registers.
 size_t fp4_scores_smem(int64_t heads) {
   const int64_t padded_heads = (heads + 7) / 8 * 8;
-  return size_t((padded_heads + kFp4KeysPerBlock) * (kFp4WordStride + kFp4MaxBlocks) + padded_heads) * 4 +
-         size_t(heads * kFp4TermStride) * 2;
+  const size_t keys = size_t(kFp4KeysPerBlock * (kFp4WordStride + kFp4MaxBlocks)) * 4,
+               terms = size_t(heads * kFp4TermStride) * 2;
+  return size_t(padded_heads * (kFp4WordStride + kFp4MaxBlocks + 1)) * 4 + std::max(keys, terms);
 }
 
 // score[t, w] for one query t (blockIdx.x) and kFp4KeysPerBlock keys from blockIdx.y.
@@ -151,12 +154,12 @@ __global__ void __launch_bounds__(kFp4Threads)
                               int64_t n_keys, int64_t ratio, int64_t p0, float* score) {
   extern __shared__ uint32_t fp4_smem[];
   const int head_tiles = (heads + 7) / 8, blocks = f.width / RowFormat::kFp4Block;
-  uint32_t* q_words = fp4_smem;                                                // [8 · head_tiles][stride]
-  uint32_t* k_words = q_words + 8 * head_tiles * kFp4WordStride;              // [keys][stride]
-  int* q_exp = reinterpret_cast<int*>(k_words + kFp4KeysPerBlock * kFp4WordStride);  // [8 · head_tiles][4]
-  int* k_exp = q_exp + 8 * head_tiles * kFp4MaxBlocks;                         // [keys][4]
-  float* q_wts = reinterpret_cast<float*>(k_exp + kFp4KeysPerBlock * kFp4MaxBlocks);  // [8 · head_tiles]
-  uint16_t* terms = reinterpret_cast<uint16_t*>(q_wts + 8 * head_tiles);        // [heads][kFp4TermStride]
+  uint32_t* q_words = fp4_smem;                                                 // [8 · head_tiles][stride]
+  int* q_exp = reinterpret_cast<int*>(q_words + 8 * head_tiles * kFp4WordStride);  // [8 · head_tiles][4]
+  float* q_wts = reinterpret_cast<float*>(q_exp + 8 * head_tiles * kFp4MaxBlocks);  // [8 · head_tiles]
+  uint32_t* k_words = reinterpret_cast<uint32_t*>(q_wts + 8 * head_tiles);     // [keys][stride]
+  int* k_exp = reinterpret_cast<int*>(k_words + kFp4KeysPerBlock * kFp4WordStride);  // [keys][4]
+  uint16_t* terms = reinterpret_cast<uint16_t*>(k_words);  // [heads][kFp4TermStride], once the keys are read
   const int64_t t = blockIdx.x, w0 = int64_t(blockIdx.y) * kFp4KeysPerBlock;
   const int64_t visible = visible_keys(t, p0, ratio, n_keys);
   if (w0 >= visible) return;
@@ -184,6 +187,7 @@ __global__ void __launch_bounds__(kFp4Threads)
       }
     }
   }
+  __syncthreads();  // every warp holds its keys: their shared memory takes the terms
   for (int nt = 0; nt < head_tiles; ++nt) {
     const int b_head = 8 * nt + g, c_head = 8 * nt + 2 * i;  // this lane's column of b; of c
     double dot[kFp4TilesPerWarp][4] = {};                    // (row r, head c_head + j) at 2r + j
