@@ -47,19 +47,14 @@ std::optional<int64_t> restore_prompt_cache(const std::filesystem::path& file,
     fmt::print(stderr, "prompt cache {}: not there yet, will be written\n", file.string());
     return std::nullopt;
   }
-  const engine::SavedState saved = engine::load_state(file, fingerprint, backend);
-  if (saved.tokens.size() >= prompt.size() || !std::equal(saved.tokens.begin(), saved.tokens.end(), prompt.begin())) {
+  const engine::PrefixRestore r = engine::restore_prefix(file, fingerprint, prompt, seq, backend);
+  if (!r.restored) {
     fmt::print(stderr,
                "prompt cache {}: its {} tokens are not a prefix of this prompt's {}; not used, will be overwritten\n",
-               file.string(), saved.tokens.size(), prompt.size());
+               file.string(), r.file_tokens, prompt.size());
     return std::nullopt;
   }
-  try {
-    seq.restore(saved.snapshot);
-  } catch (const Error& e) {
-    throw e.within(file.string());
-  }
-  return int64_t(saved.tokens.size());
+  return r.file_tokens;
 }
 
 using Prefill = std::function<std::vector<float>(std::span<const int32_t> tokens)>;

@@ -7,10 +7,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include <unistd.h>
-
 #include "cli/common.h"
 #include "core/error.h"
+#include "core/replace_file.h"
 
 namespace dsv4::cli {
 namespace {
@@ -37,17 +36,14 @@ Progress read_progress(const std::filesystem::path& file) {
   }
 }
 
-// Written under a temporary name and renamed, as the state file is: a crash leaves the old one.
+// Replaced whole, as the state file is: a crash leaves the old one.
 void write_progress(const std::filesystem::path& file, const Progress& p) {
-  const std::filesystem::path path = progress_path(file), tmp = path.string() + fmt::format(".{}.tmp", ::getpid());
-  {
+  const std::filesystem::path path = progress_path(file);
+  replace_file(path, [&](const std::filesystem::path& tmp) {
     std::ofstream out(tmp);
     out << nlohmann::json{{"seconds", p.seconds}, {"runs", p.runs}}.dump() << "\n";
     if (!out.flush()) fail(ErrorCode::invalid_input, "{}: cannot write", tmp.string());
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) fail(ErrorCode::invalid_input, "{}: cannot rename {} to it: {}", path.string(), tmp.string(), ec.message());
+  });
 }
 
 }  // namespace
@@ -58,18 +54,13 @@ PrefillOutcome prefill_resumable(engine::Engine& eng, engine::SequenceState& seq
   PrefillOutcome out;
   Progress before;
   if (std::filesystem::exists(r.file)) {
-    const engine::SavedState saved = engine::load_state(r.file, r.fingerprint, backend);
-    if (saved.tokens.size() >= prompt.size() || !std::equal(saved.tokens.begin(), saved.tokens.end(), prompt.begin()))
+    const engine::PrefixRestore restored = engine::restore_prefix(r.file, r.fingerprint, prompt, seq, backend);
+    if (!restored.restored)
       fail(ErrorCode::invalid_input,
            "{}: its {} tokens are not a strict prefix of this prompt of {} (another --seed or prompt length?)",
-           r.file.string(), saved.tokens.size(), prompt.size());
+           r.file.string(), restored.file_tokens, prompt.size());
     before = read_progress(r.file);
-    try {
-      seq.restore(saved.snapshot);
-    } catch (const Error& e) {
-      throw e.within(r.file.string());
-    }
-    out.done = int64_t(saved.tokens.size());
+    out.done = restored.file_tokens;
     fmt::print(stderr, "resume {}: {} of {} prompt tokens done in {} runs, {:.1f} s\n", r.file.string(), out.done,
                prompt.size(), before.runs, before.seconds);
   }

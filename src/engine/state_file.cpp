@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/replace_file.h"
 #include "model/safetensors.h"
 
 namespace dsv4::engine {
@@ -326,9 +327,7 @@ void save_state(const std::filesystem::path& path, const StateFingerprint& finge
                 const StateSnapshot& snapshot, Backend& backend) {
   DSV4_CHECK(tokens.size() == size_t(snapshot.n_past), "{} tokens for a state at position {}", tokens.size(),
              snapshot.n_past);
-  // The process id keeps two runs saving to the same path from writing into one temporary file.
-  const std::filesystem::path tmp = path.string() + fmt::format(".{}.tmp", ::getpid());
-  try {
+  replace_file(path, [&](const std::filesystem::path& tmp) {
     Writer out(tmp);
     out.bytes(kMagic, sizeof(kMagic));
     out.value(kStateFileVersion);
@@ -343,14 +342,7 @@ void save_state(const std::filesystem::path& path, const StateFingerprint& finge
     }
     write_draft(out, snapshot.draft, backend);
     out.finish();
-    std::error_code ec;
-    std::filesystem::rename(tmp, path, ec);
-    if (ec) fail(ErrorCode::invalid_input, "{}: cannot rename {} to it: {}", path.string(), tmp.string(), ec.message());
-  } catch (...) {
-    std::error_code ignored;  // the error being thrown is the one to report
-    std::filesystem::remove(tmp, ignored);
-    throw;
-  }
+  });
 }
 
 SavedState load_state(const std::filesystem::path& path, const StateFingerprint& expected, Backend& backend) {
@@ -360,6 +352,21 @@ SavedState load_state(const std::filesystem::path& path, const StateFingerprint&
   } catch (const Error& e) {
     throw e.within(path.string());
   }
+}
+
+PrefixRestore restore_prefix(const std::filesystem::path& path, const StateFingerprint& fingerprint,
+                             std::span<const int32_t> prompt, SequenceState& seq, Backend& backend) {
+  const SavedState saved = load_state(path, fingerprint, backend);
+  PrefixRestore r{int64_t(saved.tokens.size()), false};
+  if (saved.tokens.size() >= prompt.size() || !std::equal(saved.tokens.begin(), saved.tokens.end(), prompt.begin()))
+    return r;
+  try {
+    seq.restore(saved.snapshot);
+  } catch (const Error& e) {
+    throw e.within(path.string());
+  }
+  r.restored = true;
+  return r;
 }
 
 }  // namespace dsv4::engine

@@ -60,4 +60,18 @@ void save_state(const std::filesystem::path& path, const StateFingerprint& finge
 // truncated, damaged (checksum), or inconsistent counts.
 SavedState load_state(const std::filesystem::path& path, const StateFingerprint& expected, Backend& backend);
 
+// What restore_prefix found in a state file: how many tokens it covers, and whether they were a
+// strict prefix of the prompt, in which case the sequence now holds that state.
+struct PrefixRestore {
+  int64_t file_tokens = 0;
+  bool restored = false;
+};
+
+// Restores `seq` from the state file at `path` when its tokens are a strict prefix of `prompt` (at
+// least the prompt's last token is left to run); a file holding anything else is left alone for
+// the caller to judge. Errors (a damaged file, another model, a state that does not fit `seq`)
+// name the file.
+PrefixRestore restore_prefix(const std::filesystem::path& path, const StateFingerprint& fingerprint,
+                             std::span<const int32_t> prompt, SequenceState& seq, Backend& backend);
+
 }  // namespace dsv4::engine
