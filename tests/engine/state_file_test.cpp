@@ -4,6 +4,7 @@
 // snapshot that does not fit the sequence and leaves the sequence as it was.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -132,6 +133,45 @@ TEST_F(StateFile, ADraftingStateRoundTripsWithItsDrafts) {
   SequenceState plain = engine_->new_sequence();
   plain.restore(saved.snapshot);
   EXPECT_EQ(plain.n_past, at + waiting);
+}
+
+// A version 1 file (written before the MTP block's part existed) is still read. The test makes one
+// from a version 2 file of a sequence that does not draft: the same bytes with version 1 and
+// without the "no MTP part" flag byte, and the checksum recomputed by the format's rule (FNV-1a's
+// step over 8-byte little-endian words, a last partial word zero-padded).
+TEST_F(StateFile, AVersionOneFileIsStillRead) {
+  const int64_t at = 262, rest = 40;
+  SequenceState original = engine_->new_sequence();
+  engine_->forward(original, tokens(0, at), false);
+  save_state(path_, fingerprint_, tokens(0, at), original.snapshot(), engine_->backend());
+  const std::vector<float> want = engine_->forward(original, tokens(at, rest), true);
+
+  std::string bytes;
+  {
+    std::ifstream in(path_, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  ASSERT_GT(bytes.size(), 9u);
+  ASSERT_EQ(bytes[bytes.size() - 9], '\0') << "the flag byte of a state without an MTP part";
+  bytes.erase(bytes.size() - 9);  // the flag and the old checksum
+  const uint32_t version = 1;
+  std::memcpy(bytes.data() + 8, &version, sizeof(version));
+  uint64_t sum = 14695981039346656037ull;
+  for (size_t i = 0; i < bytes.size(); i += 8) {
+    uint64_t word = 0;
+    std::memcpy(&word, bytes.data() + i, std::min<size_t>(8, bytes.size() - i));
+    sum = (sum ^ word) * 1099511628211ull;
+  }
+  bytes.append(reinterpret_cast<const char*>(&sum), sizeof(sum));
+  std::ofstream(path_, std::ios::binary | std::ios::trunc).write(bytes.data(), std::streamsize(bytes.size()));
+
+  const SavedState saved = load_state(path_, fingerprint_, engine_->backend());
+  EXPECT_FALSE(saved.snapshot.draft.has_value());
+  SequenceState resumed = engine_->new_sequence();
+  resumed.restore(saved.snapshot);
+  const std::vector<float> got = engine_->forward(resumed, tokens(at, rest), true);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
 }
 
 TEST_F(StateFile, AnEmptyStateRoundTrips) {
