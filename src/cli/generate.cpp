@@ -76,7 +76,7 @@ std::vector<float> prefill_with_prompt_cache(const std::filesystem::path& file,
     const engine::StateSnapshot snapshot = seq.snapshot();
     engine::save_state(file, fingerprint, prompt.first(n_saved), snapshot, backend);
     fmt::print(stderr, "prompt cache {}: saved the state after {} tokens ({:.1f} MB)\n", file.string(), n_saved,
-               double(snapshot.bytes) / 1e6);
+               double(snapshot.bytes()) / 1e6);
   }
   return prefill(prompt.last(1));
 }

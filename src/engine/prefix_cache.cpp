@@ -11,12 +11,12 @@ void PrefixCache::insert(std::span<const int32_t> tokens, const SequenceState& s
       return;
     }
   StateSnapshot snapshot = seq.snapshot();
-  if (snapshot.bytes > budget_bytes_) return;
-  while (!entries_.empty() && bytes_ + snapshot.bytes > budget_bytes_) {
-    bytes_ -= entries_.back().snapshot.bytes;
+  if (snapshot.bytes() > budget_bytes_) return;
+  while (!entries_.empty() && bytes_ + snapshot.bytes() > budget_bytes_) {
+    bytes_ -= entries_.back().snapshot.bytes();
     entries_.pop_back();
   }
-  bytes_ += snapshot.bytes;
+  bytes_ += snapshot.bytes();
   entries_.push_front({std::vector<int32_t>(tokens.begin(), tokens.end()), std::move(snapshot)});
 }
 

@@ -219,9 +219,23 @@ void SequenceState::repeat_to(int64_t n_tokens) {
   if (draft) draft->n_past = n_past, draft->clear_pending();
 }
 
+size_t LayerSnapshot::bytes() const {
+  size_t n = 0;
+  for (const Buffer* b : {&ring, &compressed, &index_keys, &compressor_a, &compressor_s, &index_compressor_a,
+                          &index_compressor_s})
+    n += b->size() * sizeof(float);
+  return n;
+}
+
 size_t DraftSnapshot::bytes() const {
   size_t n = hidden.size() * sizeof(float) + tokens.size() * sizeof(int32_t);
   for (const Buffer& ring : rings) n += ring.size() * sizeof(float);
+  return n;
+}
+
+size_t StateSnapshot::bytes() const {
+  size_t n = draft ? draft->bytes() : 0;
+  for (const LayerSnapshot& l : layers) n += l.bytes();
   return n;
 }
 
@@ -239,9 +253,6 @@ StateSnapshot SequenceState::snapshot() const {
     l.compressor_s = clone(backend_, ls.compressor.s);
     l.index_compressor_a = clone(backend_, ls.index_compressor.a);
     l.index_compressor_s = clone(backend_, ls.index_compressor.s);
-    snap.bytes += (l.ring.size() + l.compressed.size() + l.index_keys.size() + l.compressor_a.size() +
-                   l.compressor_s.size() + l.index_compressor_a.size() + l.index_compressor_s.size()) *
-                  sizeof(float);
     snap.layers.push_back(std::move(l));
   }
   if (draft) {
@@ -250,7 +261,6 @@ StateSnapshot SequenceState::snapshot() const {
     d.n_past = draft->n_past;
     d.tokens = draft->tokens;
     d.hidden = clone(backend_, draft->hidden.data(), draft->hidden.stored_floats());
-    snap.bytes += d.bytes();
     snap.draft = std::move(d);
   }
   return snap;

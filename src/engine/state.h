@@ -92,6 +92,7 @@ struct LayerSnapshot {
   Buffer compressed, index_keys;
   int64_t n_compressed = 0, n_index_keys = 0;
   Buffer compressor_a, compressor_s, index_compressor_a, index_compressor_s;
+  size_t bytes() const;
 };
 
 // A drafting sequence's DraftState in a snapshot: the MTP block's rings, its position and the
@@ -108,7 +109,7 @@ struct StateSnapshot {
   int64_t n_past = 0;
   std::vector<LayerSnapshot> layers;
   std::optional<DraftSnapshot> draft;  // present when taken of a drafting sequence
-  size_t bytes = 0;
+  size_t bytes() const;                // of every buffer and token (prefix cache budgets, reports)
 };
 
 class SequenceState {

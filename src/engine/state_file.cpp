@@ -278,10 +278,8 @@ SavedState read_state(const model::MappedFile& file, const StateFingerprint& exp
     } catch (const Error& e) {
       throw e.within(fmt::format("layer {}", il));
     }
-    for (const LayerBuffer& b : kLayerBuffers) snap.bytes += (snap.layers.back().*b.member).size() * sizeof(float);
   }
   if (version >= 2) snap.draft = read_draft(in, backend);  // version 1 files have no MTP block part
-  if (snap.draft) snap.bytes += snap.draft->bytes();
 
   Checksum checksum;
   checksum.add(file.data(), in.at());

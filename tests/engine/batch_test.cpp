@@ -88,7 +88,7 @@ TEST_P(Batch, RestoredSnapshotContinuesBitIdentically) {
   engine_->forward(original, tokens(0, at), false);
   const StateSnapshot snap = original.snapshot();
   EXPECT_EQ(snap.n_past, at);
-  EXPECT_GT(snap.bytes, 0u);
+  EXPECT_GT(snap.bytes(), 0u);
   const std::vector<float> want = engine_->forward(original, tokens(at, rest), true);
 
   SequenceState resumed = engine_->new_sequence();

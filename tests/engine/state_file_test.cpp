@@ -92,7 +92,7 @@ TEST_F(StateFile, LoadedStateContinuesBitIdentically) {
     const SavedState saved = load_state(path_, fingerprint(Numerics::deepseek, layout), eng.backend());
     EXPECT_EQ(saved.tokens, std::vector<int32_t>(tokens_.begin(), tokens_.begin() + at));
     EXPECT_EQ(saved.snapshot.n_past, at);
-    EXPECT_EQ(saved.snapshot.bytes, snap.bytes);
+    EXPECT_EQ(saved.snapshot.bytes(), snap.bytes());
     SequenceState resumed = eng.new_sequence();
     eng.forward(resumed, tokens(2000, 60), false);  // some other conversation first
     resumed.restore(saved.snapshot);
@@ -118,7 +118,7 @@ TEST_F(StateFile, ADraftingStateRoundTripsWithItsDrafts) {
   save_state(path_, fingerprint_, tokens(0, at + waiting), snap, engine_->backend());
 
   const SavedState saved = load_state(path_, fingerprint_, engine_->backend());
-  EXPECT_EQ(saved.snapshot.bytes, snap.bytes);
+  EXPECT_EQ(saved.snapshot.bytes(), snap.bytes());
   SequenceState resumed = engine_->new_sequence(true);
   engine_->forward(resumed, tokens(2000, 200), false);  // another conversation's rows in the block's ring
   engine_->draft(resumed, 3, LogitRows::none);
