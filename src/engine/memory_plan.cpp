@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "backend/backend.h"
 #include "core/error.h"
 
 namespace dsv4::engine {
@@ -44,14 +45,14 @@ MemoryPlan plan_memory(const model::ModelConfig& c, size_t weight_bytes, int64_t
                                   double((std::max<int64_t>(chunk_tokens, 1) + 2) * c.hc_mult * c.hidden_size) * v);
   // The largest per-chunk working set: the HC state in and out, q and attention output, the
   // indexer's scores of every visible key (the CUDA backend scores at most 2^26 per pass), and the
-  // MoE's per-token expert outputs (bounded by its token chunk).
+  // MoE's gate, up and output rows of each (token, expert) pair in one pass through the experts.
   const int64_t T = std::max<int64_t>(chunk_tokens, 1);
   const double hc_state = double(T * c.hc_mult * c.hidden_size) * 2;
   const double scores = double(std::min<int64_t>(T * (c.max_position_embeddings / 4), int64_t(1) << 26));
   const double attn = double(T * c.n_heads * c.head_dim) * 2 + double(T * c.index_topk) +
                       double(T * (c.sliding_window + c.index_topk)) + scores;
-  const double moe = double(std::min<int64_t>(T, 256) * c.n_experts_per_tok * c.hidden_size) +
-                     double(T * c.moe_intermediate_size) * 2;
+  const double moe = double(std::min(T, Backend::kMaxMoeTokenChunk) * c.n_experts_per_tok *
+                            (c.hidden_size + 2 * c.moe_intermediate_size));
   p.activation_bytes = size_t((hc_state + std::max(attn, moe)) * v);
   return p;
 }

@@ -20,6 +20,7 @@ namespace {
 
 // Tokens per pass through the experts: bounds the [tokens, k, D] expert-output buffer.
 constexpr int64_t kMoeTokenChunk = 256;
+static_assert(kMoeTokenChunk <= Backend::kMaxMoeTokenChunk);
 
 }  // namespace
 

@@ -90,6 +90,25 @@ __device__ __forceinline__ void dmma(double (&d)[2], double a, double b) {
                : "d"(a), "d"(b));
 }
 
+// c = a·b, one 16 × 8 × 32 step of a warp on the integer tensor cores (mma.m16n8k32, exact int32
+// sums of int8 products), b signed and a signed or unsigned (kUnsignedA). With g = lane / 4 and
+// i = lane % 4, a lane holds a = A[g][4i..4i+3], A[g+8][4i..], A[g][16+4i..], A[g+8][16+4i..] (four
+// bytes per word, the lowest first), b0 = B[4i..4i+3][g], b1 = B[16+4i..][g], and receives
+// c = C[g][2i], C[g][2i+1], C[g+8][2i], C[g+8][2i+1].
+template <bool kUnsignedA>
+__device__ __forceinline__ void mma_i8(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (kUnsignedA)
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%10, %10, %10, %10};"
+                 : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
+  else
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%10, %10, %10, %10};"
+                 : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
+}
+
 // Blocks of a 1-D grid-stride launch over n elements.
 inline unsigned grid_for(int64_t n, int threads) {
   const int64_t blocks = (n + threads - 1) / threads;

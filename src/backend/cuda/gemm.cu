@@ -50,7 +50,7 @@ namespace {
 constexpr int kWarps = 8;      // per block
 constexpr int kRows = 4;       // weight rows per warp: one conversion of x serves all four
 constexpr int kMaxTokens = 8;  // token rows per group: each weight load serves all of them
-// Products of many rows run on the FP64 tensor cores (gemm_dmma.cu), which read the weights once
+// Products of many rows run on the tensor cores (gemm_dmma.cu), which read the weights once
 // per 64 rows: from 32 token rows, or for routed experts from 4 rows per expert on average.
 constexpr int64_t kDmmaMinRows = 32, kDmmaMinRowsPerExpert = 4;
 // Weight elements in a 16-byte chunk of a row.
@@ -60,8 +60,8 @@ __host__ __device__ constexpr int chunk_elems(int format) {
 
 // Phase 1: ActQuantFP8 of each 128-block of each source row. Grid (rows, K blocks), 128 threads,
 // one element each; the block's amax by a block-wide fmax. The e4m3 values go to qx as floats,
-// or, for FP4 weights on the decode kernel, to `planes` as the integers k = x · 2^9 in three byte
-// planes per group of 4 (see the top; plane_words per row, K padded with zeros to whole 32-tiles).
+// or, for FP4 weights, to `planes` as the integers k = x · 2^9 in three byte planes per group of 4
+// (see the top; plane_words per row, K padded with zeros to whole 32-tiles).
 __global__ void act_quant_kernel(const float* x, int64_t x_stride, int64_t K, float* qx, uint32_t* planes,
                                  int64_t plane_words, float* sx) {
   __shared__ float scratch[32];
@@ -111,18 +111,6 @@ struct GemmArgs {
 };
 
 __device__ inline uint32_t word_of(const uint4& v, int k) { return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w; }
-
-// Chunk c of weight row o: one 16-byte load, or bytes up to the row's end (zeros past it).
-__device__ inline uint4 load_chunk(const GemmArgs& a, const LinearView& W, int64_t o, int64_t c) {
-  const int64_t nb = row_bytes(W.format, a.K);
-  const uint8_t* p = W.data + o * nb + c * 16;
-  if (a.w_vec) return __ldg(reinterpret_cast<const uint4*>(p));
-  uint32_t w[4] = {0, 0, 0, 0};
-#pragma unroll
-  for (int b = 0; b < 16; ++b)
-    if (c * 16 + b < nb) w[b / 4] |= uint32_t(p[b]) << (8 * (b % 4));
-  return make_uint4(w[0], w[1], w[2], w[3]);
-}
 
 // x[k0 .. k0+4) of one activation row (zeros past K or for an absent chunk).
 __device__ inline void load_x4(const GemmArgs& a, const float* xr, int64_t k0, bool valid, float (&v)[4]) {
@@ -265,7 +253,7 @@ __global__ void __launch_bounds__(kWarps * 32) linear_kernel(GemmArgs a) {
     for (int r = 0; r < kRows; ++r) {
       const bool ok = cv && r_base + r < a.rows;
       const int64_t o = a.row0 + r_base + r;
-      w[r] = ok ? load_chunk(a, W, o, c) : make_uint4(0, 0, 0, 0);
+      w[r] = ok ? row_chunk(W, o, c, a.K, a.w_vec) : make_uint4(0, 0, 0, 0);
       scale[r] = !kTiled && (kFmt == kFp8 || kFmt == kFp4) && ok ? block_scale(W, o, c * E) : 0.0f;
     }
 #pragma unroll
@@ -415,8 +403,8 @@ void CudaBackend::gemm(const GemmRequest& r) {
   const int64_t n_src = (r.T + r.x_div - 1) / r.x_div, n_k128 = (K + 127) / 128;
   // One scratch buffer, in parts that are live together: the quantized activations, their scales
   // and the FP64 path's grouping of rows by expert (int32, as wide as a float).
-  // FP4 weights on the decode kernel read the activations as integer byte planes (see the top).
-  const bool planes = tiled && !dmma && W.format == kFp4;
+  // FP4 weights read the activations as integer byte planes (see the top), on either kernel.
+  const bool planes = tiled && W.format == kFp4;
   const int64_t plane_words = planes ? (K + 31) / 32 * 24 : 0;
   const size_t n_qx = tiled ? (size_t(n_src * (planes ? plane_words : K)) + 3) / 4 * 4 : 0;  // scales 16-byte aligned
   const size_t n_sx = tiled ? size_t(n_src * n_k128) : 0;

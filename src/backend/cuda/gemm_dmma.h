@@ -1,8 +1,9 @@
-// Many-row matrix products on the FP64 tensor cores (DMMA), exact to the canonical arithmetic:
-// the prefill path of every linear and of the routed experts (a grouped GEMM over the rows routed
-// to each expert).
+// Many-row matrix products on the tensor cores, exact to the canonical arithmetic: the prefill
+// path of every linear and of the routed experts (a grouped GEMM over the rows routed to each
+// expert). FP8 weights and the double paths run on the FP64 tensor cores (DMMA), quantized FP4
+// products on the integer ones (IMMA: an FP4 tile's partial is an integer sum; gemm.cu's top).
 //
-// Why FP64 and not FP8 tensor cores: in the quantized path each K-tile partial is a sum of ≤ 128
+// Why not the FP8 tensor cores: in the quantized path each K-tile partial is a sum of ≤ 128
 // exact e4m3×e4m3 (or e4m3×e2m1) products whose bits span at most 43 places, so a double
 // accumulator holds it exactly in any order, and rounded once to fp32 it equals the CPU's partial
 // bit for bit. Hopper's FP8 tensor cores keep only part of such a sum (on an H200, 1.3 % of K = 128
@@ -23,8 +24,9 @@ namespace dsv4::cuda {
 int64_t dmma_scratch_ints(const GemmRequest& r);
 
 // Enqueues the product r on `stream`. A quantized (tiled) product passes the e4m3 activation
-// values as r.x (rows of r.x_stride) and their per-128 scales in sx [n_src, K/128]; the double
-// paths pass the fp32 activations and sx = nullptr, and round_out rounds their results to bf16.
+// values as r.x (rows of r.x_stride; for FP4 weights their byte planes, as gemm.cu's
+// act_quant_kernel writes them) and their per-128 scales in sx [n_src, K/128]; the double paths
+// pass the fp32 activations and sx = nullptr, and round_out rounds their results to bf16.
 // scratch holds dmma_scratch_ints(r) elements, free for this product's duration (stream order).
 void dmma_gemm(const GemmRequest& r, const float* sx, bool round_out, int32_t* scratch, cudaStream_t stream);
 

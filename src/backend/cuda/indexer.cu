@@ -103,16 +103,6 @@ __device__ inline double int_to_double(int i) {
 // reference's f32_to_bf16 except in a NaN's payload; a NaN dot becomes 0 at the ReLU either way.
 __device__ inline uint16_t bf16_bits(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
 
-// c = a·b over one 32-dim block, exactly: a 16 × 32 int8 tile of keys (rows) times a 32 × 8 tile of
-// query heads (columns), int32 sums (mma.m16n8k32.s8). Lane 4·g + i holds a = rows g and g + 8 at
-// dims 4i … 4i + 3 and 16 + 4i …, b = column g at those dims, c = rows g, g + 8 × columns 2i, 2i + 1.
-__device__ __forceinline__ void mma_s8(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-               "{%10, %10, %10, %10};"
-               : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
-}
-
 // Rows of FP4 codes (f) into shared memory as int8 words and exponents: row r is src + r·f.stride,
 // present when r < n_present (else zeros); rows are padded to kFp4WordStride words, blocks past
 // the row's width left zero.
@@ -201,7 +191,7 @@ __global__ void __launch_bounds__(kFp4Threads)
 #pragma unroll
       for (int tile = 0; tile < kFp4TilesPerWarp; ++tile) {
         int c[4];
-        mma_s8(c, a[tile][b], b0, b1);
+        mma_i8<false>(c, a[tile][b], b0, b1);  // a 32-dim block: keys (rows) × heads, exact
 #pragma unroll
         for (int r = 0; r < 2; ++r)
 #pragma unroll

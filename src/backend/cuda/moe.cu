@@ -23,8 +23,10 @@ namespace {
 
 constexpr int kRouteThreads = 128;
 constexpr int kMaxExpertsPerToken = 32;
-// Tokens per pass through the experts: bounds the [tokens, k, F] intermediates.
-constexpr int64_t kMoeTokenChunk = 1024;
+// Tokens per pass through the experts: bounds the [tokens, k, F] intermediates. A whole prefill
+// chunk of 2 048 puts ≈ 48 rows on each expert (6 of 256 per token), three quarters of the grouped
+// product's 64-row tile (1 024 filled three eighths, and staged each expert's weights twice).
+constexpr int64_t kMoeTokenChunk = Backend::kMaxMoeTokenChunk;
 
 // The better of two candidates (value, expert id): the higher value, ties to the lower id; -1 = none.
 __device__ inline void better(float& v, int32_t& e, float v2, int32_t e2) {

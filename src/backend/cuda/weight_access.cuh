@@ -50,4 +50,18 @@ __device__ __forceinline__ float dequantized(const LinearView& W, int64_t o, int
   return (format == kFp8 || format == kFp4) ? v * block_scale<kFormat>(W, o, i) : v;
 }
 
+// Chunk c (16 bytes) of stored row o of W, whose rows hold K elements: one 16-byte load when the
+// rows allow it (vec: row bytes a multiple of 16, the data 16-byte aligned), else byte by byte with
+// zeros past the row's end.
+__device__ inline uint4 row_chunk(const LinearView& W, int64_t o, int64_t c, int64_t K, bool vec) {
+  const int64_t nb = row_bytes(W.format, K);
+  const uint8_t* p = W.data + o * nb + c * 16;
+  if (vec) return __ldg(reinterpret_cast<const uint4*>(p));
+  uint32_t w[4] = {0, 0, 0, 0};
+#pragma unroll
+  for (int b = 0; b < 16; ++b)
+    if (c * 16 + b < nb) w[b / 4] |= uint32_t(p[b]) << (8 * (b % 4));
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 }  // namespace dsv4::cuda
