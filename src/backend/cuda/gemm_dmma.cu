@@ -4,7 +4,8 @@
 //
 // FP64 tiling: a block of 4 warps computes 64 token rows × 64 output rows, stepping K by 32. Each
 // step stages both operands in shared memory as doubles (the e4m3 / bf16 / fp32 values converted
-// exactly), then every warp runs mma.m8n8k4.f64 over its 32 × 32 quarter (4 × 4 fragments of
+// exactly; each thread's share of the next step is loaded into registers while this step's
+// products run), then every warp runs mma.m8n8k4.f64 over its 32 × 32 quarter (4 × 4 fragments of
 // 8 × 8). In the quantized path the double fragments hold one K tile of 128 and are folded into
 // fp32 accumulators at each tile's end, in increasing K: partial · (s_x · s_w), exactly as the CPU
 // does. The integer path (imma_fp4_kernel) is described where it starts.
@@ -132,11 +133,103 @@ struct DmmaArgs {
   bool round_out;   // double paths: round the results to bf16
 };
 
+// One thread's share of a K step's operands, loaded into registers a step ahead (the loads are in
+// flight while the current step's products run): half a row, 16 elements, of the activations (row
+// threadIdx.x / 2 of the tile, elements 16 · (threadIdx.x % 2) on) and of the weights, the latter
+// as stored words with their block scale.
+template <int kFormat>
+struct Staged {
+  static constexpr int kBits = kFormat == kFp8 ? 8 : kFormat == kFp4 ? 4 : kFormat == kBf16 ? 16 : 32;
+  static constexpr int kWords = 16 * kBits / 32;
+  float x[16];
+  uint32_t w[kWords];
+  float scale;  // the weights' block scale (FP8, FP4), for the double paths' dequantized values
+};
+
+// Loads step k0 into st: 16-byte loads where the rows allow (x_vec, w_vec) and the step lies inside
+// K, else element by element with zeros past K and past the tile's rows.
+template <int kFormat>
+__device__ __forceinline__ void load_step(Staged<kFormat>& st, const GemmRequest& p, const LinearView& W,
+                                          const int64_t* src_of, int64_t n0, int64_t k0, bool x_vec, bool w_vec) {
+  constexpr int kBits = Staged<kFormat>::kBits, kWords = Staged<kFormat>::kWords;
+  const int r = threadIdx.x / 2;
+  const int64_t K = p.W.in, k = k0 + 16 * (threadIdx.x % 2), s = src_of[r], n = n0 + r;
+  const bool inside = k + 16 <= K;
+  if (s >= 0 && x_vec && inside) {
+    const float4* src = reinterpret_cast<const float4*>(p.x + s * p.x_stride + k);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const float4 v = __ldg(src + q);
+      st.x[4 * q] = v.x, st.x[4 * q + 1] = v.y, st.x[4 * q + 2] = v.z, st.x[4 * q + 3] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < 16; ++e) st.x[e] = s >= 0 && k + e < K ? p.x[s * p.x_stride + k + e] : 0.0f;
+  }
+  const int64_t o = p.row0 + n, nb = row_bytes(kFormat, K);
+  const uint8_t* row = W.data + o * nb + k * kBits / 8;
+  if (n < p.rows && w_vec && inside) {
+    if constexpr (kWords == 2) {
+      const uint2 v = __ldg(reinterpret_cast<const uint2*>(row));
+      st.w[0] = v.x, st.w[1] = v.y;
+    } else {
+#pragma unroll
+      for (int q = 0; q < kWords / 4; ++q) {
+        const uint4 v = __ldg(reinterpret_cast<const uint4*>(row) + q);
+        st.w[4 * q] = v.x, st.w[4 * q + 1] = v.y, st.w[4 * q + 2] = v.z, st.w[4 * q + 3] = v.w;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int q = 0; q < kWords; ++q) st.w[q] = 0;
+    const int64_t first = k * kBits / 8, end = n < p.rows ? nb : 0;
+#pragma unroll
+    for (int b = 0; b < 4 * kWords; ++b)
+      if (first + b < end) st.w[b / 4] |= uint32_t(row[b]) << (8 * (b % 4));
+  }
+  if constexpr (kFormat == kFp8 || kFormat == kFp4) st.scale = n < p.rows && k < K ? block_scale<kFormat>(W, o, k) : 0.0f;
+}
+
+// Element e of the staged weights: the stored value (quantized path) or the dequantized one.
 template <int kFormat, bool kTiled>
-__global__ void __launch_bounds__(kThreads) dmma_kernel(DmmaArgs args, Grouping g) {
+__device__ __forceinline__ float staged_weight(const Staged<kFormat>& st, int e) {
+  if constexpr (kFormat == kFp8) {
+    const float v = e4m3_to_f32(uint8_t(st.w[e / 4] >> (8 * (e % 4))));
+    return kTiled ? v : v * st.scale;
+  } else if constexpr (kFormat == kFp4) {
+    return e2m1_to_f32(uint8_t((st.w[e / 8] >> (4 * (e % 8))) & 0xf)) * st.scale;  // low nibble first (§2.2)
+  } else if constexpr (kFormat == kBf16) {
+    return bf16_to_f32(uint16_t(st.w[e / 2] >> (16 * (e % 2))));
+  } else {
+    return __uint_as_float(st.w[e]);
+  }
+}
+
+// Writes the staged step into the tiles as doubles, two per 16-byte store. Half h of a row starts
+// its 8 stores at pair h, so the 8 lanes of a quarter warp (4 rows × 2 halves) hit distinct banks.
+template <int kFormat, bool kTiled>
+__device__ __forceinline__ void store_step(const Staged<kFormat>& st, double (*As)[kPitch], double (*Bs)[kPitch]) {
+  const int r = threadIdx.x / 2, h = threadIdx.x % 2;
+#pragma unroll
+  for (int q = 0; q < 8; ++q) {
+    // Register indices stay compile-time constants (a run-time index would put st in local memory):
+    // both candidates are converted and one is selected.
+    const int e0 = 2 * q, e1 = 2 * ((q + 1) % 8), c = 16 * h + (h ? e1 : e0);
+    const double2 a0 = make_double2(st.x[e0], st.x[e0 + 1]), a1 = make_double2(st.x[e1], st.x[e1 + 1]);
+    const double2 b0 = make_double2(staged_weight<kFormat, kTiled>(st, e0), staged_weight<kFormat, kTiled>(st, e0 + 1));
+    const double2 b1 = make_double2(staged_weight<kFormat, kTiled>(st, e1), staged_weight<kFormat, kTiled>(st, e1 + 1));
+    *reinterpret_cast<double2*>(&As[r][c]) = h ? a1 : a0;
+    *reinterpret_cast<double2*>(&Bs[r][c]) = h ? b1 : b0;
+  }
+}
+
+// Registers: 128 for the double paths (4 blocks per SM); the quantized FP8 kernel keeps its fold's
+// scales and staged words in 168 without spilling (3 blocks; capped at 128 it spilled).
+template <int kFormat, bool kTiled>
+__global__ void __launch_bounds__(kThreads, kTiled ? 3 : 4) dmma_kernel(DmmaArgs args, Grouping g) {
   const GemmRequest& p = args.r;
-  __shared__ double As[kBM][kPitch];
-  __shared__ double Bs[kBN][kPitch];
+  __shared__ __align__(16) double As[kBM][kPitch];
+  __shared__ __align__(16) double Bs[kBN][kPitch];
   __shared__ int64_t src_of[kBM];  // the x / qx row of each tile row, −1 for none
   __shared__ int64_t out_of[kBM];  // its y row
 
@@ -151,25 +244,16 @@ __global__ void __launch_bounds__(kThreads) dmma_kernel(DmmaArgs args, Grouping 
   double d[4][4][2] = {};
   float acc[4][4][2] = {};
 
+  // Rows allow 16-byte loads: the activations' (fp32) and the weights' (device weights start
+  // 256-byte aligned).
+  const bool x_vec = reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && p.x_stride % 4 == 0;
+  const bool w_vec = row_bytes(kFormat, K) % 16 == 0;
+  Staged<kFormat> st;
+  load_step(st, p, W, src_of, n0, 0, x_vec, w_vec);
   for (int64_t k0 = 0; k0 < K; k0 += kBK) {
-    for (int i = threadIdx.x; i < kBM * kBK; i += kThreads) {
-      const int r = i / kBK, c = i % kBK;
-      const int64_t s = src_of[r], k = k0 + c;
-      float v = 0.0f;
-      if (s >= 0 && k < K) v = p.x[s * p.x_stride + k];
-      As[r][c] = v;
-    }
-    for (int i = threadIdx.x; i < kBN * kBK; i += kThreads) {
-      const int r = i / kBK, c = i % kBK;
-      const int64_t n = n0 + r, k = k0 + c;
-      float v = 0.0f;
-      if (n < p.rows && k < K) {
-        const int64_t o = p.row0 + n;
-        v = kTiled ? stored_value<kFormat>(W, o, k) : dequantized<kFormat>(W, o, k);
-      }
-      Bs[r][c] = v;
-    }
+    store_step<kFormat, kTiled>(st, As, Bs);
     __syncthreads();
+    if (k0 + kBK < K) load_step(st, p, W, src_of, n0, k0 + kBK, x_vec, w_vec);
 #pragma unroll
     for (int kk = 0; kk < kBK; kk += 4) {
       double a[4], b[4];
@@ -231,7 +315,8 @@ constexpr int kPlaneWordsPerTile = 24;
 constexpr int kAPitch = kImmaTiles * kPlaneWordsPerTile + 4;
 constexpr int kBPitch = kImmaTiles * 8 + 4;
 
-__global__ void __launch_bounds__(kThreads) imma_fp4_kernel(DmmaArgs args, Grouping g) {
+// 125 registers: 4 blocks per SM (uncapped it took 133, 3 blocks).
+__global__ void __launch_bounds__(kThreads, 4) imma_fp4_kernel(DmmaArgs args, Grouping g) {
   const GemmRequest& p = args.r;
   __shared__ __align__(16) uint32_t As[kBM * kAPitch];  // activation planes of the stage's tiles
   __shared__ __align__(16) uint32_t Bs[kBN * kBPitch];  // weights as int8, 8 words per tile
@@ -278,42 +363,49 @@ __global__ void __launch_bounds__(kThreads) imma_fp4_kernel(DmmaArgs args, Group
       sx_s[r] = src_of[r] >= 0 ? args.sx[src_of[r] * n_k128 + t0 / 4] : 0.0f;
     __syncthreads();
 
+    float s_x[2][2];  // the stage's activation scale of this lane's rows: [m fragment][row g, g + 8]
+#pragma unroll
+    for (int i = 0; i < 2; ++i) s_x[i][0] = sx_s[wm + 16 * i + fg], s_x[i][1] = sx_s[wm + 16 * i + fg + 8];
 #pragma unroll
     for (int t = 0; t < kImmaTiles; ++t) {
       if (t0 + t >= n_tiles) break;
+      // Every operand of the tile's 24 products first: the loads overlap instead of each product
+      // waiting on its own.
       uint32_t b[4][2];
+      float s_w[4][2];  // [n fragment][column 2·ft, 2·ft + 1]
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const uint32_t* bp = Bs + (wn + 8 * j + fg) * kBPitch + 8 * t;
-        b[j][0] = bp[ft];
-        b[j][1] = bp[4 + ft];
+        const int col = wn + 8 * j;
+        b[j][0] = Bs[(col + fg) * kBPitch + 8 * t + ft];
+        b[j][1] = Bs[(col + fg) * kBPitch + 8 * t + 4 + ft];
+        s_w[j][0] = sw_s[col + 2 * ft][t], s_w[j][1] = sw_s[col + 2 * ft + 1][t];
       }
+      uint32_t a[2][3][4];  // [m fragment][plane][fragment register]
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        const int row = wm + 16 * i + fg;  // and row + 8
-        const uint32_t* ap = As + row * kAPitch + kPlaneWordsPerTile * t;
-        uint32_t a[3][4];  // [plane][fragment register]
+        const uint32_t* ap = As + (wm + 16 * i + fg) * kAPitch + kPlaneWordsPerTile * t;
 #pragma unroll
         for (int pl = 0; pl < 3; ++pl) {
-          a[pl][0] = ap[3 * ft + pl];
-          a[pl][1] = ap[8 * kAPitch + 3 * ft + pl];
-          a[pl][2] = ap[3 * (4 + ft) + pl];
-          a[pl][3] = ap[8 * kAPitch + 3 * (4 + ft) + pl];
+          a[i][pl][0] = ap[3 * ft + pl];
+          a[i][pl][1] = ap[8 * kAPitch + 3 * ft + pl];
+          a[i][pl][2] = ap[3 * (4 + ft) + pl];
+          a[i][pl][3] = ap[8 * kAPitch + 3 * (4 + ft) + pl];
         }
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           int s0[4], s1[4], s2[4];
-          mma_i8<true>(s0, a[0], b[j][0], b[j][1]);
-          mma_i8<true>(s1, a[1], b[j][0], b[j][1]);
-          mma_i8<false>(s2, a[2], b[j][0], b[j][1]);
+          mma_i8<true>(s0, a[i][0], b[j][0], b[j][1]);
+          mma_i8<true>(s1, a[i][1], b[j][0], b[j][1]);
+          mma_i8<false>(s2, a[i][2], b[j][0], b[j][1]);
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const float partial = float(s0[e] + 256 * s1[e] + 65536 * s2[e]) * 0x1p-10f;
-            const float s_x = sx_s[row + (e >= 2 ? 8 : 0)], s_w = sw_s[wn + 8 * j + 2 * ft + (e & 1)][t];
-            acc[i][j][e] += (partial * s_x) * s_w;  // the FP4 kernel's order (§5)
+            acc[i][j][e] += (partial * s_x[i][e / 2]) * s_w[j][e % 2];  // the FP4 kernel's order (§5)
           }
         }
-      }
     }
     __syncthreads();
   }
