@@ -62,6 +62,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/launch.cuh"
 
 namespace dsv4::cuda {
 
@@ -88,6 +89,7 @@ int64_t rows_attended(int64_t p0, int64_t T, const SwaRows& swa, const Compresse
 }
 
 __global__ void swa_gather_kernel(const float* ring, int64_t window, int64_t width, int64_t pos_begin, float* dst) {
+  await_previous_kernel();
   const int64_t p = pos_begin + blockIdx.x;
   const float* src = ring + (p % window) * width;
   for (int64_t c = threadIdx.x; c < width; c += blockDim.x) dst[blockIdx.x * width + c] = src[c];
@@ -97,6 +99,7 @@ __global__ void swa_gather_kernel(const float* ring, int64_t window, int64_t wid
 // written, so no two blocks share a slot.
 __global__ void swa_store_kernel(float* ring, int64_t window, int64_t width, const float* rows, int64_t pos0,
                                  int64_t first) {
+  await_previous_kernel();
   const int64_t i = first + blockIdx.x;
   float* dst = ring + ((pos0 + i) % window) * width;
   for (int64_t c = threadIdx.x; c < width; c += blockDim.x) dst[c] = rows[i * width + c];
@@ -204,6 +207,7 @@ __device__ inline void add_part(const AttnArgs& a, RowRef r, double p, int lane,
 
 template <RowFormat::Kind K>
 __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a) {
+  await_previous_kernel();
   extern __shared__ double smem[];
   __shared__ float fscratch[32];
   __shared__ double dscratch[32];
@@ -293,6 +297,7 @@ __host__ __device__ inline int64_t logit_dims(int64_t hd) { return (hd + 31) / 3
 // the fp8 instantiation to 64 registers and spilled.)
 template <RowFormat::Kind K>
 __global__ void __launch_bounds__(kAttnThreads, 3) decode_logits_kernel(DecodeArgs s) {
+  await_previous_kernel();
   extern __shared__ double qs[];  // [kLogitHeads][dims + 1], zero past H and hd; then the warps' sums
   const AttnArgs& a = s.a;
   const int parts = s.logit_parts, groups = kAttnWarps / parts;
@@ -391,6 +396,7 @@ __global__ void __launch_bounds__(kAttnThreads, 3) decode_logits_kernel(DecodeAr
 constexpr int kSoftmaxThreads = 1024;
 
 __global__ void __launch_bounds__(kSoftmaxThreads) decode_softmax_kernel(DecodeArgs s) {
+  await_previous_kernel();
   __shared__ float fscratch[32];
   __shared__ double dscratch[32];
   const AttnArgs& a = s.a;
@@ -415,6 +421,7 @@ __global__ void __launch_bounds__(kSoftmaxThreads) decode_softmax_kernel(DecodeA
 // rows 8k … 8k + 7, then 8 · kValueSplit / cols further on, and so on.
 template <RowFormat::Kind K>
 __global__ void __launch_bounds__(kAttnThreads) decode_values_kernel(DecodeArgs s) {
+  await_previous_kernel();
   extern __shared__ double ps[];          // [kValueHeads][kValuePitch] the slice's probabilities; then the warps' sums
   __shared__ RowRef slice_rows[kValueRows];
   const AttnArgs& a = s.a;
@@ -516,6 +523,7 @@ __global__ void __launch_bounds__(kAttnThreads) decode_values_kernel(DecodeArgs 
 // added in warp order (a fixed order: one thread summing every slice in turn waited on memory for
 // each, 31 µs over the 65 slices of an HCA layer at 1M context).
 __global__ void __launch_bounds__(kAttnThreads) decode_combine_kernel(DecodeArgs s) {
+  await_previous_kernel();
   __shared__ double sums[kAttnWarps][32];
   const AttnArgs& a = s.a;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -540,7 +548,7 @@ void CudaBackend::swa_gather(const float* ring, int64_t window, int64_t width, i
                              float* dst) {
   Timed timed(*this, "swa_gather");
   if (pos_end <= pos_begin) return;
-  swa_gather_kernel<<<unsigned(pos_end - pos_begin), 128, 0, stream_>>>(ring, window, width, pos_begin, dst);
+  launch(swa_gather_kernel, unsigned(pos_end - pos_begin), 128, 0, stream_, ring, window, width, pos_begin, dst);
   DSV4_CUDA_LAUNCHED("swa_gather");
 }
 
@@ -548,7 +556,7 @@ void CudaBackend::swa_store(float* ring, int64_t window, int64_t width, const fl
   Timed timed(*this, "swa_store");
   const int64_t first = std::max<int64_t>(0, n - window);
   if (n <= first) return;
-  swa_store_kernel<<<unsigned(n - first), 128, 0, stream_>>>(ring, window, width, rows, pos0, first);
+  launch(swa_store_kernel, unsigned(n - first), 128, 0, stream_, ring, window, width, rows, pos0, first);
   DSV4_CUDA_LAUNCHED("swa_store");
 }
 
@@ -587,15 +595,15 @@ void CudaBackend::few_query_attention(const AttnArgs& args, int64_t T) {
   allow_shared_memory(reinterpret_cast<const void*>(values_kernel), value_smem, "attention values");
   const dim3 logit_grid(unsigned(ceil_div(n_max, kLogitRows * (kAttnWarps / logit_parts))), unsigned(logit_heads),
                         unsigned(T));
-  logits_kernel<<<logit_grid, kAttnThreads, logit_smem, stream_>>>(d);
+  launch(logits_kernel, logit_grid, kAttnThreads, logit_smem, stream_, d);
   DSV4_CUDA_LAUNCHED("attention (logits)");
-  decode_softmax_kernel<<<dim3(unsigned(T), unsigned(H)), kSoftmaxThreads, 0, stream_>>>(d);
+  launch(decode_softmax_kernel, dim3(unsigned(T), unsigned(H)), kSoftmaxThreads, 0, stream_, d);
   DSV4_CUDA_LAUNCHED("attention (softmax)");
   const dim3 value_grid(unsigned(slices), unsigned(ceil_div(hd, kValueWarpDims * value_cols)),
                         unsigned(T * value_heads));
-  values_kernel<<<value_grid, kAttnThreads, value_smem, stream_>>>(d);
+  launch(values_kernel, value_grid, kAttnThreads, value_smem, stream_, d);
   DSV4_CUDA_LAUNCHED("attention (values)");
-  decode_combine_kernel<<<dim3(unsigned((hd + 31) / 32), unsigned(H), unsigned(T)), kAttnThreads, 0, stream_>>>(d);
+  launch(decode_combine_kernel, dim3(unsigned((hd + 31) / 32), unsigned(H), unsigned(T)), kAttnThreads, 0, stream_, d);
   DSV4_CUDA_LAUNCHED("attention (combine)");
 }
 
@@ -645,7 +653,7 @@ void CudaBackend::attention(const float* q, int64_t T, int64_t H, int64_t hd, in
   const size_t smem = size_t((kAttnWarps + 1) * hd) * sizeof(double) + size_t(n_max) * sizeof(float);
   const auto kernel = fp8_rows ? attention_kernel<RowFormat::fp8_bf16> : attention_kernel<RowFormat::f32>;
   allow_shared_memory(reinterpret_cast<const void*>(kernel), smem, "attention over this many rows per query");
-  kernel<<<dim3(unsigned(T), unsigned(H)), kAttnThreads, smem, stream_>>>(args);
+  launch(kernel, dim3(unsigned(T), unsigned(H)), kAttnThreads, smem, stream_, args);
   DSV4_CUDA_LAUNCHED("attention");
 }
 

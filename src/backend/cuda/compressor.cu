@@ -15,6 +15,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/launch.cuh"
 
 namespace dsv4::cuda {
 
@@ -34,6 +35,7 @@ struct PushArgs {
 };
 
 __global__ void compressor_push_kernel(PushArgs k) {
+  await_previous_kernel();
   const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (c >= k.d) return;
   const int64_t r = k.ratio, width = k.width;
@@ -96,8 +98,8 @@ int64_t CudaBackend::compressor_push(const model::CompressorWeights& cw, Compres
   if (T == 0) return 0;
   const PushArgs args{device_floats(cw.ape), r, cw.dim, cw.width(), p0, T, a, s, carry.a, carry.s, deepseek(),
                       pooled};
-  compressor_push_kernel<<<unsigned((cw.dim + kChannelThreads - 1) / kChannelThreads), kChannelThreads, 0, stream_>>>(
-      args);
+  launch(compressor_push_kernel, unsigned((cw.dim + kChannelThreads - 1) / kChannelThreads), kChannelThreads, 0,
+         stream_, args);
   DSV4_CUDA_LAUNCHED("compressor_push");
   return n_emitted;
 }

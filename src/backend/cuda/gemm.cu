@@ -39,6 +39,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/gemm_dmma.h"
 #include "backend/cuda/quant.cuh"
 #include "backend/cuda/weight_access.cuh"
@@ -64,6 +65,7 @@ __host__ __device__ constexpr int chunk_elems(int format) {
 // (see the top; plane_words per row, K padded with zeros to whole 32-tiles).
 __global__ void act_quant_kernel(const float* x, int64_t x_stride, int64_t K, float* qx, uint32_t* planes,
                                  int64_t plane_words, float* sx) {
+  await_previous_kernel();
   __shared__ float scratch[32];
   const int64_t m = blockIdx.x, b = blockIdx.y, k = b * 128 + threadIdx.x;
   const float v = k < K ? x[m * x_stride + k] : 0.0f;
@@ -217,6 +219,7 @@ __device__ inline bool placeable(const float (&scale)[kRows]) {
 // every token row is its own group (kNT = 1) with its own matrix.
 template <int kFmt, bool kTiled, int kNT>
 __global__ void __launch_bounds__(kWarps * 32) linear_kernel(GemmArgs a) {
+  await_previous_kernel();
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int E = chunk_elems(kFmt);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -351,6 +354,7 @@ __global__ void __launch_bounds__(kWarps * 32) linear_kernel(GemmArgs a) {
 // stream. (One block per token striding over D took 11 µs per decoded token on an H200.)
 constexpr int kEmbedThreads = 256;
 __global__ void embed_kernel(LinearView table, const int32_t* tokens, int64_t hc, float* X) {
+  await_previous_kernel();
   const int64_t t = blockIdx.x, D = table.in, d = int64_t(blockIdx.y) * kEmbedThreads + threadIdx.x;
   if (d >= D) return;
   const float v = dequantized(table, tokens[t], d);
@@ -427,7 +431,7 @@ void CudaBackend::gemm(const GemmRequest& r) {
   GemmRequest prepared = r;  // quantized: x becomes the e4m3 activations in scratch
   const float* sx = nullptr;
   if (tiled) {
-    act_quant_kernel<<<dim3(unsigned(n_src), unsigned(n_k128)), 128, 0, stream_>>>(
+    launch(act_quant_kernel, dim3(unsigned(n_src), unsigned(n_k128)), 128, 0, stream_,
         r.x, r.x_stride, K, planes ? nullptr : scratch, planes ? reinterpret_cast<uint32_t*>(scratch) : nullptr,
         plane_words, scratch + n_qx);
     DSV4_CUDA_LAUNCHED("linear (activation quantization)");
@@ -458,7 +462,7 @@ void CudaBackend::gemm(const GemmRequest& r) {
                     " rows × K ", K, " exceed the launch limits");
   const LinearKernel kernel = linear_kernel_for(W.format, tiled, nt);
   allow_shared_memory(reinterpret_cast<const void*>(kernel), smem, "linear");
-  kernel<<<dim3(unsigned(row_blocks), unsigned(groups), unsigned(P)), kWarps * 32, smem, stream_>>>(a);
+  launch(kernel, dim3(unsigned(row_blocks), unsigned(groups), unsigned(P)), kWarps * 32, smem, stream_, a);
   DSV4_CUDA_LAUNCHED("linear");
 }
 
@@ -518,8 +522,8 @@ void CudaBackend::embed(const model::Linear& table, const int32_t* tokens, int64
       fail_check(__FILE__, __LINE__, "tokens[t] in [0, vocab)",
                  cat("token id ", id, " outside the vocabulary [0, ", table.out, ")"));
   DSV4_CUDA_REQUIRE(T < (int64_t(1) << 31) && table.in / kEmbedThreads < 65535, "embed: ", T, " tokens of ", table.in);
-  embed_kernel<<<dim3(unsigned(T), unsigned((table.in + kEmbedThreads - 1) / kEmbedThreads)), kEmbedThreads, 0,
-                 stream_>>>(device_linear(table), tokens, hc, X);
+  launch(embed_kernel, dim3(unsigned(T), unsigned((table.in + kEmbedThreads - 1) / kEmbedThreads)), kEmbedThreads,
+         0, stream_, device_linear(table), tokens, hc, X);
   DSV4_CUDA_LAUNCHED("embed");
 }
 

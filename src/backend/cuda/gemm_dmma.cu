@@ -15,6 +15,7 @@
 // tokens instead of once per token. Rows without an expert form a last group that writes zeros.
 #include "backend/cuda/gemm_dmma.h"
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/quant.cuh"
 #include "backend/cuda/weight_access.cuh"
 
@@ -61,12 +62,14 @@ __device__ __forceinline__ int64_t group_of(const int32_t* view_of_row, int64_t 
 }
 
 __global__ void count_rows_kernel(const int32_t* view_of_row, int64_t T, int64_t n_views, Grouping g) {
+  await_previous_kernel();
   for (int64_t m = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; m < T; m += int64_t(gridDim.x) * blockDim.x)
     atomicAdd(&g.counts[group_of(view_of_row, m, n_views)], 1);
 }
 
 // One thread: the groups are few (the experts of a layer), the tiles at most T/64 + groups.
 __global__ void plan_tiles_kernel(int64_t n_views, Grouping g) {
+  await_previous_kernel();
   int64_t tile = 0, start = 0;
   for (int64_t v = 0; v <= n_views; ++v) {
     g.offsets[v] = int32_t(start);
@@ -84,6 +87,7 @@ __global__ void plan_tiles_kernel(int64_t n_views, Grouping g) {
 // The order of rows inside a group follows the atomics, so it varies from run to run; each row's
 // result does not depend on it.
 __global__ void scatter_rows_kernel(const int32_t* view_of_row, int64_t T, int64_t n_views, Grouping g) {
+  await_previous_kernel();
   for (int64_t m = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; m < T; m += int64_t(gridDim.x) * blockDim.x)
     g.order[atomicAdd(&g.cursor[group_of(view_of_row, m, n_views)], 1)] = int32_t(m);
 }
@@ -227,6 +231,7 @@ __device__ __forceinline__ void store_step(const Staged<kFormat>& st, double (*A
 // scales and staged words in 168 without spilling (3 blocks; capped at 128 it spilled).
 template <int kFormat, bool kTiled>
 __global__ void __launch_bounds__(kThreads, kTiled ? 3 : 4) dmma_kernel(DmmaArgs args, Grouping g) {
+  await_previous_kernel();
   const GemmRequest& p = args.r;
   __shared__ __align__(16) double As[kBM][kPitch];
   __shared__ __align__(16) double Bs[kBN][kPitch];
@@ -317,6 +322,7 @@ constexpr int kBPitch = kImmaTiles * 8 + 4;
 
 // 125 registers: 4 blocks per SM (uncapped it took 133, 3 blocks).
 __global__ void __launch_bounds__(kThreads, 4) imma_fp4_kernel(DmmaArgs args, Grouping g) {
+  await_previous_kernel();
   const GemmRequest& p = args.r;
   __shared__ __align__(16) uint32_t As[kBM * kAPitch];  // activation planes of the stage's tiles
   __shared__ __align__(16) uint32_t Bs[kBN * kBPitch];  // weights as int8, 8 words per tile
@@ -456,11 +462,11 @@ void dmma_gemm(const GemmRequest& r, const float* sx, bool round_out, int32_t* s
     lay_out_grouping(r, scratch, g);
     DSV4_CUDA_CHECK(cudaMemsetAsync(g.counts, 0, size_t(r.n_views + 1) * sizeof(int32_t), stream));
     const unsigned blocks = unsigned(std::min<int64_t>((r.T + 255) / 256, 1024));
-    count_rows_kernel<<<blocks, 256, 0, stream>>>(r.view_of_row, r.T, r.n_views, g);
+    launch(count_rows_kernel, blocks, 256, 0, stream, r.view_of_row, r.T, r.n_views, g);
     DSV4_CUDA_LAUNCHED("linear (count rows per expert)");
-    plan_tiles_kernel<<<1, 1, 0, stream>>>(r.n_views, g);
+    launch(plan_tiles_kernel, 1, 1, 0, stream, r.n_views, g);
     DSV4_CUDA_LAUNCHED("linear (plan expert tiles)");
-    scatter_rows_kernel<<<blocks, 256, 0, stream>>>(r.view_of_row, r.T, r.n_views, g);
+    launch(scatter_rows_kernel, blocks, 256, 0, stream, r.view_of_row, r.T, r.n_views, g);
     DSV4_CUDA_LAUNCHED("linear (group rows by expert)");
   }
   const DmmaArgs args{r, sx, round_out};
@@ -468,15 +474,15 @@ void dmma_gemm(const GemmRequest& r, const float* sx, bool round_out, int32_t* s
   // Quantized (sx): FP8 on the FP64 tensor cores, FP4 on the integer ones; else the double paths.
   switch (r.W.format) {
     case kFp8:
-      if (sx) dmma_kernel<kFp8, true><<<grid, kThreads, 0, stream>>>(args, g);
-      else dmma_kernel<kFp8, false><<<grid, kThreads, 0, stream>>>(args, g);
+      if (sx) launch(dmma_kernel<kFp8, true>, grid, kThreads, 0, stream, args, g);
+      else launch(dmma_kernel<kFp8, false>, grid, kThreads, 0, stream, args, g);
       break;
     case kFp4:
-      if (sx) imma_fp4_kernel<<<grid, kThreads, 0, stream>>>(args, g);
-      else dmma_kernel<kFp4, false><<<grid, kThreads, 0, stream>>>(args, g);
+      if (sx) launch(imma_fp4_kernel, grid, kThreads, 0, stream, args, g);
+      else launch(dmma_kernel<kFp4, false>, grid, kThreads, 0, stream, args, g);
       break;
-    case kBf16: dmma_kernel<kBf16, false><<<grid, kThreads, 0, stream>>>(args, g); break;
-    default: dmma_kernel<kF32, false><<<grid, kThreads, 0, stream>>>(args, g); break;
+    case kBf16: launch(dmma_kernel<kBf16, false>, grid, kThreads, 0, stream, args, g); break;
+    default: launch(dmma_kernel<kF32, false>, grid, kThreads, 0, stream, args, g); break;
   }
   DSV4_CUDA_LAUNCHED("linear (tensor cores)");
 }

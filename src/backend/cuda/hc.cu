@@ -11,6 +11,7 @@
 // hc_post is one thread per (token, d), all hc streams (in place: the engine passes X_out = X).
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/launch.cuh"
 
 namespace dsv4::cuda {
 
@@ -83,6 +84,7 @@ struct HcArgs {
 
 __global__ void __launch_bounds__(kTokenThreads)
     hc_pre_kernel(HcArgs a, const float* X, const float* mix, float* u, float* post, float* comb) {
+  await_previous_kernel();
   __shared__ double scratch[32];
   __shared__ __align__(16) float pre[kPreSlots];
   const int64_t t = blockIdx.x;
@@ -105,6 +107,7 @@ __global__ void __launch_bounds__(kTokenThreads)
 }
 
 __global__ void __launch_bounds__(kTokenThreads) hc_head_kernel(HcArgs a, const float* X, const float* mix, float* y) {
+  await_previous_kernel();
   __shared__ double scratch[32];
   __shared__ __align__(16) float pre[kPreSlots];
   const int64_t t = blockIdx.x;
@@ -123,6 +126,7 @@ __global__ void __launch_bounds__(kTokenThreads) hc_head_kernel(HcArgs a, const 
 // its hc inputs before writing its hc outputs (so X_out may be X).
 __global__ void hc_post_kernel(const float* a, const float* X, const float* post, const float* comb, int64_t T,
                                int hc, int64_t D, bool bf16, float* X_out) {
+  await_previous_kernel();
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < T * D; e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t d = e % D, t = e / D;
     const float* M = comb + t * hc * hc;
@@ -150,7 +154,7 @@ void CudaBackend::hc_pre(const model::HcParams& p, const float* X, int64_t T, in
   linear(p.fn, Compute::f32, X, T, mix.get());  // x·fnᵀ first, then the rms scale (§3.2.1)
   const HcArgs a{device_floats(p.base), p.scale[0], p.scale[1], p.scale[2], int(hc), D, mix_n, sinkhorn_iters,
                  float(hc_eps), float(norm_eps), deepseek()};
-  hc_pre_kernel<<<unsigned(T), kTokenThreads, 0, stream_>>>(a, X, mix.get(), u, post, comb);
+  launch(hc_pre_kernel, unsigned(T), kTokenThreads, 0, stream_, a, X, mix.get(), u, post, comb);
   DSV4_CUDA_LAUNCHED("hc_pre");
 }
 
@@ -159,7 +163,7 @@ void CudaBackend::hc_post(const float* a, const float* X, const float* post, con
   Timed timed(*this, "hc_post");
   if (T * D == 0) return;
   DSV4_CUDA_REQUIRE(hc <= kMaxHc, "hc_post: hc ", hc, " above ", kMaxHc);
-  hc_post_kernel<<<grid_for(T * D, 256), 256, 0, stream_>>>(a, X, post, comb, T, int(hc), D, deepseek(), X_out);
+  launch(hc_post_kernel, grid_for(T * D, 256), 256, 0, stream_, a, X, post, comb, T, int(hc), D, deepseek(), X_out);
   DSV4_CUDA_LAUNCHED("hc_post");
 }
 
@@ -173,7 +177,7 @@ void CudaBackend::hc_head(const model::HcParams& p, const float* X, int64_t T, i
   linear(p.fn, Compute::f32, X, T, mix.get());
   const HcArgs a{device_floats(p.base), p.scale[0], 0.0f, 0.0f, int(hc), D, hc, 0, float(hc_eps), float(norm_eps),
                  deepseek()};
-  hc_head_kernel<<<unsigned(T), kTokenThreads, 0, stream_>>>(a, X, mix.get(), y);
+  launch(hc_head_kernel, unsigned(T), kTokenThreads, 0, stream_, a, X, mix.get(), y);
   DSV4_CUDA_LAUNCHED("hc_head");
 }
 

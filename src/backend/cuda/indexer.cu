@@ -32,6 +32,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/quant.cuh"
 
 namespace dsv4::cuda {
@@ -56,6 +57,7 @@ __device__ inline int64_t visible_keys(int64_t t, int64_t p0, int64_t ratio, int
 __global__ void indexer_scores_kernel(const float* q, const float* wts, int64_t heads, int64_t dim,
                                       const float* keys, RowFormat key_format, int64_t n_keys, int64_t ratio,
                                       int64_t p0, bool bf16, float* score) {
+  await_previous_kernel();
   const int64_t t = blockIdx.x;
   const int64_t w = int64_t(blockIdx.y) * kScoreWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -142,6 +144,7 @@ size_t fp4_scores_smem(int64_t heads) {
 __global__ void __launch_bounds__(kFp4Threads)
     indexer_scores_fp4_kernel(const float* qc, const float* wts, int heads, RowFormat f, const float* keys,
                               int64_t n_keys, int64_t ratio, int64_t p0, float* score) {
+  await_previous_kernel();
   extern __shared__ uint32_t fp4_smem[];
   const int head_tiles = (heads + 7) / 8, blocks = f.width / RowFormat::kFp4Block;
   uint32_t* q_words = fp4_smem;                                                 // [8 · head_tiles][stride]
@@ -426,6 +429,7 @@ __device__ inline void write_rows(const uint64_t* sel, int64_t n_sel, int64_t k,
 // One block per query over its scores.
 __global__ void __launch_bounds__(kSelectThreads)
     indexer_topk_kernel(const float* score, int64_t n_keys, int64_t ratio, int64_t p0, int64_t k, int32_t* idx) {
+  await_previous_kernel();
   __shared__ uint64_t sel[kMaxTopK];
   const int64_t t = blockIdx.x;
   const int64_t visible = visible_keys(t, p0, ratio, n_keys);
@@ -440,6 +444,7 @@ __global__ void __launch_bounds__(kSelectThreads)
 __global__ void __launch_bounds__(kSelectThreads)
     indexer_part_topk_kernel(const float* score, int64_t n_keys, int64_t ratio, int64_t p0, int64_t k,
                              uint64_t* survivors) {
+  await_previous_kernel();
   extern __shared__ uint64_t part_keys[];  // kPartKeys
   __shared__ uint64_t sel[kMaxTopK];
   const int64_t t = blockIdx.y, part = blockIdx.x, row0 = part * kPartKeys;
@@ -459,6 +464,7 @@ __global__ void __launch_bounds__(kSelectThreads)
 __global__ void __launch_bounds__(kSelectThreads)
     indexer_merge_topk_kernel(const uint64_t* survivors, int64_t parts, int64_t n_keys, int64_t ratio, int64_t p0,
                               int64_t k, bool staged, int32_t* idx) {
+  await_previous_kernel();
   extern __shared__ uint64_t staged_keys[];  // parts · k when staged
   __shared__ uint64_t sel[kMaxTopK];
   const int64_t t = blockIdx.x;
@@ -477,6 +483,7 @@ __global__ void __launch_bounds__(kSelectThreads)
 }
 
 __global__ void fill_ids_kernel(int32_t* idx, int64_t n, int32_t value) {
+  await_previous_kernel();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     idx[i] = value;
 }
@@ -505,15 +512,15 @@ size_t merge_bytes(int64_t parts, int64_t k) {
 void select_top_k(cudaStream_t stream, const float* score, int64_t n, int64_t n_keys, int64_t ratio, int64_t p0,
                   int64_t k, int64_t parts, uint64_t* survivors, int32_t* idx) {
   if (parts <= 1) {
-    indexer_topk_kernel<<<unsigned(n), kSelectThreads, 0, stream>>>(score, n_keys, ratio, p0, k, idx);
+    launch(indexer_topk_kernel, unsigned(n), kSelectThreads, 0, stream, score, n_keys, ratio, p0, k, idx);
     DSV4_CUDA_LAUNCHED("indexer_select (top-k)");
     return;
   }
-  indexer_part_topk_kernel<<<dim3(unsigned(parts), unsigned(n)), kSelectThreads, kPartBytes, stream>>>(
+  launch(indexer_part_topk_kernel, dim3(unsigned(parts), unsigned(n)), kSelectThreads, kPartBytes, stream,
       score, n_keys, ratio, p0, k, survivors);
   DSV4_CUDA_LAUNCHED("indexer_select (top-k parts)");
   const size_t staged = merge_bytes(parts, k);
-  indexer_merge_topk_kernel<<<unsigned(n), kSelectThreads, staged, stream>>>(survivors, parts, n_keys, ratio, p0, k,
+  launch(indexer_merge_topk_kernel, unsigned(n), kSelectThreads, staged, stream, survivors, parts, n_keys, ratio, p0, k,
                                                                                staged > 0, idx);
   DSV4_CUDA_LAUNCHED("indexer_select (top-k merge)");
 }
@@ -530,7 +537,7 @@ void CudaBackend::indexer_select(const float* q, const float* wts, int64_t T, in
   DSV4_CUDA_REQUIRE(dim <= kMaxKeyDim && (!keys || key_format.width == dim), "indexer_select: keys of width ",
                     key_format.width, ", queries of ", dim, " (at most ", kMaxKeyDim, ")");
   if (n_keys == 0 || !keys) {
-    fill_ids_kernel<<<grid_for(T * k, 256), 256, 0, stream_>>>(idx, T * k, -1);
+    launch(fill_ids_kernel, grid_for(T * k, 256), 256, 0, stream_, idx, T * k, -1);
     DSV4_CUDA_LAUNCHED("indexer_select (no keys)");
     return;
   }
@@ -560,16 +567,14 @@ void CudaBackend::indexer_select(const float* q, const float* wts, int64_t T, in
     const int64_t visible_max = std::min(n_keys, (p0 + t0 + n) / ratio);
     if (visible_max > 0 && fp4_path) {
       const dim3 grid(unsigned(n), unsigned((visible_max + kFp4KeysPerBlock - 1) / kFp4KeysPerBlock));
-      indexer_scores_fp4_kernel<<<grid, kFp4Threads, fp4_smem, stream_>>>(
+      launch(indexer_scores_fp4_kernel, grid, kFp4Threads, fp4_smem, stream_,
           q_packed.get() + t0 * heads * key_format.stride, wts + t0 * heads, int(heads), key_format, keys, n_keys, ratio,
           p0 + t0, score.get());
       DSV4_CUDA_LAUNCHED("indexer_select (FP4 scores)");
     } else if (visible_max > 0) {
       const dim3 grid(unsigned(n), unsigned((visible_max + kScoreWarps - 1) / kScoreWarps));
-      indexer_scores_kernel<<<grid, kScoreWarps * 32, 0, stream_>>>(q + t0 * heads * dim, wts + t0 * heads, heads,
-                                                                    dim, keys, key_format, n_keys, ratio, p0 + t0,
-                                                                    deepseek(),
-                                                                    score.get());
+      launch(indexer_scores_kernel, grid, kScoreWarps * 32, 0, stream_, q + t0 * heads * dim, wts + t0 * heads, heads,
+             dim, keys, key_format, n_keys, ratio, p0 + t0, deepseek(), score.get());
       DSV4_CUDA_LAUNCHED("indexer_select (scores)");
     }
     select_top_k(stream_, score.get(), n, n_keys, ratio, p0 + t0, k, parts, survivors.get(), idx + t0 * k);

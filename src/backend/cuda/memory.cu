@@ -13,6 +13,7 @@
 #include "backend/cuda/cuda.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/weight_access.cuh"
 
 namespace dsv4::cuda {
@@ -21,6 +22,7 @@ namespace {
 
 // fill: one thread per element, grid-stride.
 __global__ void fill_kernel(float* dst, float value, int64_t n) {
+  await_previous_kernel();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     dst[i] = value;
 }
@@ -28,12 +30,14 @@ __global__ void fill_kernel(float* dst, float value, int64_t n) {
 // pack_rows: one thread per (row, part) (pack_row_part: a quantized block, or the tail). A row
 // that does not come back exactly raises a flag in mapped host memory, read at the next to_host.
 __global__ void pack_rows_kernel(RowFormat f, const float* rows, int64_t n, float* stored, int* inexact) {
+  await_previous_kernel();
   const int32_t parts = pack_parts(f);
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, r = i / parts;
   if (r < n && !pack_row_part(f, rows + r * f.width, stored + r * f.stride, int32_t(i % parts))) atomicOr(inexact, 1);
 }
 
 __global__ void cyclic_ids_kernel(int32_t* ids, int64_t period, int64_t n) {
+  await_previous_kernel();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     ids[i] = int32_t(i % period);
 }
@@ -143,7 +147,7 @@ void CudaBackend::copy(float* dst, const float* src, size_t n) {
 void CudaBackend::fill(float* dst, float value, size_t n) {
   Timed timed(*this, "fill");
   if (n == 0) return;
-  fill_kernel<<<grid_for(int64_t(n), 256), 256, 0, stream_>>>(dst, value, int64_t(n));
+  launch(fill_kernel, grid_for(int64_t(n), 256), 256, 0, stream_, dst, value, int64_t(n));
   DSV4_CUDA_LAUNCHED("fill");
 }
 
@@ -161,7 +165,7 @@ void CudaBackend::to_host(float* host_dst, const float* src, size_t n) {
 void CudaBackend::pack_rows(const RowFormat& f, const float* rows, int64_t n, float* stored) {
   Timed timed(*this, "pack_rows");
   if (n == 0) return;
-  pack_rows_kernel<<<grid_for(n * pack_parts(f), 64), 64, 0, stream_>>>(f, rows, n, stored, pack_inexact_);
+  launch(pack_rows_kernel, grid_for(n * pack_parts(f), 64), 64, 0, stream_, f, rows, n, stored, pack_inexact_);
   DSV4_CUDA_LAUNCHED("pack_rows");
 }
 
@@ -269,7 +273,7 @@ const int32_t* CudaBackend::cyclic_ids(int64_t period, int64_t n) {
     cyclic_n_ = std::max(n, period == cyclic_period_ ? 2 * cyclic_n_ : n);
     cyclic_period_ = period;
     DSV4_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&cyclic_ids_), size_t(cyclic_n_) * sizeof(int32_t), stream_));
-    cyclic_ids_kernel<<<grid_for(cyclic_n_, 256), 256, 0, stream_>>>(cyclic_ids_, period, cyclic_n_);
+    launch(cyclic_ids_kernel, grid_for(cyclic_n_, 256), 256, 0, stream_, cyclic_ids_, period, cyclic_n_);
     DSV4_CUDA_LAUNCHED("cyclic ids");
   }
   return cyclic_ids_;

@@ -16,6 +16,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/launch.cuh"
 
 namespace dsv4::cuda {
 
@@ -36,6 +37,7 @@ __device__ inline void better(float& v, int32_t& e, float v2, int32_t e2) {
 __global__ void route_kernel(const float* logits, int64_t E, const float* bias, const int32_t* tid2eid,
                              int64_t n_vocab, const int32_t* tokens, int64_t k, float routed_scale, int32_t* sel,
                              float* weights) {
+  await_previous_kernel();
   extern __shared__ float score[];  // [E] scores, then [E] taken flags
   int* taken = reinterpret_cast<int*>(score + E);
   __shared__ float warp_v[32];
@@ -80,6 +82,7 @@ __global__ void route_kernel(const float* logits, int64_t E, const float* bias, 
 // h = round(silu(min(g, L)) · clamp(u, ±L) · w): one thread per element of [rows, F].
 __global__ void swiglu_kernel(float* g, const float* u, int64_t rows, int64_t F, const float* w, float limit,
                               bool bf16) {
+  await_previous_kernel();
   const int64_t n = rows * F;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
     float gv = g[e], uv = u[e];
@@ -95,6 +98,7 @@ __global__ void swiglu_kernel(float* g, const float* u, int64_t rows, int64_t F,
 // out[t, d] = Σ_{slots by ascending expert id} expert_out[t, slot, d] (+ shared[t, d]), in double.
 __global__ void moe_combine_kernel(const float* expert_out, const float* shared, const int32_t* sel, int64_t T,
                                    int64_t k, int64_t D, bool bf16, float* out) {
+  await_previous_kernel();
   const int64_t n = T * D;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = e / D, d = e % D;
@@ -124,7 +128,7 @@ void CudaBackend::route(const model::MoeWeights& m, const float* x, const int32_
                     " experts, bias ", m.bias.size());
   DeviceArray<float> logits(stream_, size_t(T * E));
   linear(m.gate, Compute::f32, x, T, logits.get());
-  route_kernel<<<unsigned(T), kRouteThreads, size_t(E) * (sizeof(float) + sizeof(int)), stream_>>>(
+  launch(route_kernel, unsigned(T), kRouteThreads, size_t(E) * (sizeof(float) + sizeof(int)), stream_,
       logits.get(), E, hash ? nullptr : device_floats(m.bias), hash ? device_ints(m.tid2eid) : nullptr,
       hash ? int64_t(m.tid2eid.size()) / k : 0, tokens, k, float(routed_scale), sel, weights);
   DSV4_CUDA_LAUNCHED("route");
@@ -138,8 +142,8 @@ void CudaBackend::expert_ffn(GemmRequest gate, GemmRequest up, GemmRequest down,
   up.y = u.get(), up.y_stride = F;
   gemm(gate);
   gemm(up);
-  swiglu_kernel<<<grid_for(rows * F, 256), 256, 0, stream_>>>(g.get(), u.get(), rows, F, row_weights, float(limit),
-                                                              deepseek());
+  launch(swiglu_kernel, grid_for(rows * F, 256), 256, 0, stream_, g.get(), u.get(), rows, F, row_weights,
+         float(limit), deepseek());
   DSV4_CUDA_LAUNCHED("moe (swiglu)");
   down.x = g.get(), down.x_stride = F, down.x_div = 1, down.T = rows;
   gemm(down);
@@ -188,8 +192,8 @@ void CudaBackend::moe(const model::MoeWeights& m, const float* x, const int32_t*
       sd.y = shared.get(), sd.y_stride = D;
       expert_ffn(sg, su, sd, nullptr, limit);
     }
-    moe_combine_kernel<<<grid_for(nt * D, 256), 256, 0, stream_>>>(expert_out.get(), shared.get(), sel + c0 * k, nt, k,
-                                                                   D, deepseek(), out + c0 * D);
+    launch(moe_combine_kernel, grid_for(nt * D, 256), 256, 0, stream_, expert_out.get(), shared.get(), sel + c0 * k,
+           nt, k, D, deepseek(), out + c0 * D);
     DSV4_CUDA_LAUNCHED("moe (combine)");
   }
 }

@@ -9,6 +9,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/launch.cuh"
 
 namespace dsv4::cuda {
 
@@ -20,6 +21,7 @@ unsigned row_threads(int64_t n) { return unsigned(std::clamp<int64_t>((n / 8 + 3
 // RMSNorm: v = mean(x²) in double, inv = rsqrt(fp32(v) + eps); y = w · (x · inv), the weight
 // applied before the bf16 rounding (§3.0).
 __global__ void rms_norm_kernel(const float* x, const float* w, int64_t n, float eps, bool bf16, float* y) {
+  await_previous_kernel();
   __shared__ double scratch[32];
   const float* xr = x + blockIdx.x * n;
   float* yr = y + blockIdx.x * n;
@@ -36,6 +38,7 @@ __global__ void rms_norm_kernel(const float* x, const float* w, int64_t n, float
 // The weightless per-head norm in bf16 arithmetic (deepseek): q², the mean, mean + eps, the rsqrt
 // and the product are each rounded (§5).
 __global__ void head_norm_kernel(float* q, int64_t n, float eps, bool bf16) {
+  await_previous_kernel();
   __shared__ double scratch[32];
   float* qr = q + blockIdx.x * n;
   double sum = 0.0;
@@ -47,11 +50,13 @@ __global__ void head_norm_kernel(float* q, int64_t n, float eps, bool bf16) {
 }
 
 __global__ void scale_kernel(float* x, int64_t n, float s, bool bf16) {
+  await_previous_kernel();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     x[i] = round_if(bf16, x[i] * s);
 }
 
 __global__ void add_kernel(const float* a, const float* b, int64_t n, bool bf16, float* y) {
+  await_previous_kernel();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     y[i] = round_if(bf16, a[i] + b[i]);
 }
@@ -64,7 +69,7 @@ void CudaBackend::rms_norm(const float* x, const float* w, int64_t rows, int64_t
   DSV4_CUDA_REQUIRE(rows < (int64_t(1) << 31), "rms_norm: ", rows, " rows");
   // w is a model weight (host memory): its device copy, uploaded once.
   const float* dw = w ? static_cast<const float*>(upload(w, size_t(n) * sizeof(float))) : nullptr;
-  rms_norm_kernel<<<unsigned(rows), row_threads(n), 0, stream_>>>(x, dw, n, float(eps), deepseek(), y);
+  launch(rms_norm_kernel, unsigned(rows), row_threads(n), 0, stream_, x, dw, n, float(eps), deepseek(), y);
   DSV4_CUDA_LAUNCHED("rms_norm");
 }
 
@@ -72,21 +77,21 @@ void CudaBackend::head_norm(float* q, int64_t rows, int64_t n, double eps) {
   Timed timed(*this, "head_norm");
   if (rows == 0) return;
   DSV4_CUDA_REQUIRE(rows < (int64_t(1) << 31), "head_norm: ", rows, " rows");
-  head_norm_kernel<<<unsigned(rows), row_threads(n), 0, stream_>>>(q, n, float(eps), deepseek());
+  launch(head_norm_kernel, unsigned(rows), row_threads(n), 0, stream_, q, n, float(eps), deepseek());
   DSV4_CUDA_LAUNCHED("head_norm");
 }
 
 void CudaBackend::scale(float* x, int64_t n, float s) {
   Timed timed(*this, "scale");
   if (n == 0) return;
-  scale_kernel<<<grid_for(n, 256), 256, 0, stream_>>>(x, n, s, deepseek());
+  launch(scale_kernel, grid_for(n, 256), 256, 0, stream_, x, n, s, deepseek());
   DSV4_CUDA_LAUNCHED("scale");
 }
 
 void CudaBackend::add(const float* a, const float* b, int64_t n, float* y) {
   Timed timed(*this, "add");
   if (n == 0) return;
-  add_kernel<<<grid_for(n, 256), 256, 0, stream_>>>(a, b, n, deepseek(), y);
+  launch(add_kernel, grid_for(n, 256), 256, 0, stream_, a, b, n, deepseek(), y);
   DSV4_CUDA_LAUNCHED("add");
 }
 

@@ -3,6 +3,7 @@
 // §3.0, §3.3, §3.5). Both are no-ops in plain numerics.
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/quant.cuh"
 
 namespace dsv4::cuda {
@@ -14,6 +15,7 @@ constexpr int kSimWarps = 8;
 // KV FP8 simulation of dims [0, n_dims) of each row in 64-blocks (rope dims untouched).
 // Grid (rows, 64-blocks / 8), one warp per 64-block, two elements a lane; amax by warp fmax.
 __global__ void kv_fp8_sim_kernel(float* x, int64_t row_stride, int64_t n_dims) {
+  await_previous_kernel();
   const int64_t b = int64_t(blockIdx.y) * kSimWarps + threadIdx.x / 32;
   const int64_t k0 = b * 64;
   if (k0 >= n_dims) return;
@@ -30,6 +32,7 @@ __global__ void kv_fp8_sim_kernel(float* x, int64_t row_stride, int64_t n_dims) 
 // bf16; then FP4 simulation per 32-block. One block per row, one thread per element (n ≤ 1024,
 // so each 32-block is one warp and its amax a warp fmax).
 __global__ void indexer_fp4_sim_kernel(float* x, int64_t n) {
+  await_previous_kernel();
   extern __shared__ double v[];
   float* xr = x + blockIdx.x * n;
   const int i = threadIdx.x;
@@ -56,8 +59,8 @@ void CudaBackend::kv_fp8_sim(float* x, int64_t rows, int64_t row_stride, int64_t
   Timed timed(*this, "kv_fp8_sim");
   if (!deepseek() || rows == 0 || n_dims == 0) return;
   const int64_t n_blocks = (n_dims + 63) / 64;
-  kv_fp8_sim_kernel<<<dim3(unsigned(rows), unsigned((n_blocks + kSimWarps - 1) / kSimWarps)), kSimWarps * 32, 0,
-                      stream_>>>(x, row_stride, n_dims);
+  launch(kv_fp8_sim_kernel, dim3(unsigned(rows), unsigned((n_blocks + kSimWarps - 1) / kSimWarps)), kSimWarps * 32,
+         0, stream_, x, row_stride, n_dims);
   DSV4_CUDA_LAUNCHED("kv_fp8_sim");
 }
 
@@ -66,7 +69,7 @@ void CudaBackend::indexer_fp4_sim(float* x, int64_t rows, int64_t n) {
   if (!deepseek() || rows == 0) return;
   DSV4_CUDA_REQUIRE(n >= 32 && n <= 1024 && (n & (n - 1)) == 0, "indexer_fp4_sim: row of ", n,
                     ", expected a power of two in [32, 1024]");
-  indexer_fp4_sim_kernel<<<unsigned(rows), unsigned(n), size_t(n) * sizeof(double), stream_>>>(x, n);
+  launch(indexer_fp4_sim_kernel, unsigned(rows), unsigned(n), size_t(n) * sizeof(double), stream_, x, n);
   DSV4_CUDA_LAUNCHED("indexer_fp4_sim");
 }
 

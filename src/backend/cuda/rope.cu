@@ -9,6 +9,7 @@
 // took 12 µs for the 64 query heads of a decoded token on an H200.)
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/launch.cuh"
 
 namespace dsv4::cuda {
 
@@ -19,6 +20,7 @@ constexpr int64_t kHeadsPerBlock = 8;
 
 __global__ void rope_kernel(float* x, int64_t group, int64_t row_stride, const float* freqs, int64_t half,
                             int64_t pos0, int64_t pos_step, bool inverse, bool bf16) {
+  await_previous_kernel();
   extern __shared__ float trig[];  // [half] cos, then [half] sin (negated for the inverse)
   const int64_t i = blockIdx.x, h0 = int64_t(blockIdx.y) * kHeadsPerBlock;
   const float p = float(pos0 + i * pos_step);
@@ -50,8 +52,8 @@ void CudaBackend::rope(float* x, int64_t n_groups, int64_t group, int64_t row_st
   const int64_t chunks = (group + kHeadsPerBlock - 1) / kHeadsPerBlock;
   DSV4_CUDA_REQUIRE(n_groups < (int64_t(1) << 31) && chunks < 65536 && 2 * half * sizeof(float) <= 48 * 1024,
                     "rope: ", n_groups, " groups of ", group, " rows with ", half, " pairs exceed the launch limits");
-  rope_kernel<<<dim3(unsigned(n_groups), unsigned(chunks)), kRopeThreads, size_t(2 * half) * sizeof(float), stream_>>>(
-      x, group, row_stride, device_floats(freqs.freqs), half, pos0, pos_step, inverse, deepseek());
+  launch(rope_kernel, dim3(unsigned(n_groups), unsigned(chunks)), kRopeThreads, size_t(2 * half) * sizeof(float),
+         stream_, x, group, row_stride, device_floats(freqs.freqs), half, pos0, pos_step, inverse, deepseek());
   DSV4_CUDA_LAUNCHED("rope");
 }
 
