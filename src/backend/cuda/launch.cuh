@@ -13,6 +13,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <utility>
 
@@ -51,8 +52,14 @@ inline bool dependent_launch_supported() {
   return supported;
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent launch. Launch errors
-// are left for DSV4_CUDA_LAUNCHED, which follows every launch.
+// Grids of more blocks launch plainly: a kernel of many waves gains little from an early start,
+// and with every launch dependent a 4K prefill (its GEMMs and attention thousands of blocks each)
+// ran 5% slower on an H200 (7 350 against 7 710 tok/s), decode 13% faster.
+constexpr unsigned kMaxDependentBlocks = 1024;
+
+// kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent launch for grids of
+// up to kMaxDependentBlocks blocks. Launch errors are left for DSV4_CUDA_LAUNCHED, which follows
+// every launch.
 template <class... Params, class... Args>
 void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
   cudaLaunchAttribute attribute{};
@@ -64,7 +71,8 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
   config.dynamicSmemBytes = smem;
   config.stream = stream;
   config.attrs = &attribute;
-  config.numAttrs = dependent_launch_supported() ? 1 : 0;
+  const bool dependent = dependent_launch_supported() && uint64_t(grid.x) * grid.y * grid.z <= kMaxDependentBlocks;
+  config.numAttrs = dependent ? 1 : 0;
   (void)cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
