@@ -207,7 +207,7 @@ __device__ inline void add_part(const AttnArgs& a, RowRef r, double p, int lane,
 
 template <RowFormat::Kind K>
 __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a) {
-  await_previous_kernel(false);  // the next kernel is let in before the output is written
+  await_previous_kernel();
   extern __shared__ double smem[];
   __shared__ float fscratch[32];
   __shared__ double dscratch[32];
@@ -256,7 +256,6 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a) {
     for (int c = 0; c < 4; ++c)
       if (128 * i + 4 * lane < hd) part[warp * hd + 128 * i + 4 * lane + c] = acc[4 * i + c];
   __syncthreads();
-  let_next_kernel_in();
   for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
     double sum = 0.0;
     for (int w = 0; w < kAttnWarps; ++w) sum += part[w * hd + d];

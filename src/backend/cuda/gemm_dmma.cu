@@ -231,7 +231,7 @@ __device__ __forceinline__ void store_step(const Staged<kFormat>& st, double (*A
 // scales and staged words in 168 without spilling (3 blocks; capped at 128 it spilled).
 template <int kFormat, bool kTiled>
 __global__ void __launch_bounds__(kThreads, kTiled ? 3 : 4) dmma_kernel(DmmaArgs args, Grouping g) {
-  await_previous_kernel(false);  // the next kernel is let in after the K loop
+  await_previous_kernel();
   const GemmRequest& p = args.r;
   __shared__ __align__(16) double As[kBM][kPitch];
   __shared__ __align__(16) double Bs[kBN][kPitch];
@@ -289,7 +289,6 @@ __global__ void __launch_bounds__(kThreads, kTiled ? 3 : 4) dmma_kernel(DmmaArgs
       });
     }
   }
-  let_next_kernel_in();
 
   for_each_fragment_element(wm, wn, fg, ft, [&](int i, int j, int c, int row, int64_t col) {
     const int64_t m = out_of[row], n = n0 + col;
@@ -323,7 +322,7 @@ constexpr int kBPitch = kImmaTiles * 8 + 4;
 
 // 125 registers: 4 blocks per SM (uncapped it took 133, 3 blocks).
 __global__ void __launch_bounds__(kThreads, 4) imma_fp4_kernel(DmmaArgs args, Grouping g) {
-  await_previous_kernel(false);  // the next kernel is let in after the K loop
+  await_previous_kernel();
   const GemmRequest& p = args.r;
   __shared__ __align__(16) uint32_t As[kBM * kAPitch];  // activation planes of the stage's tiles
   __shared__ __align__(16) uint32_t Bs[kBN * kBPitch];  // weights as int8, 8 words per tile
@@ -416,7 +415,6 @@ __global__ void __launch_bounds__(kThreads, 4) imma_fp4_kernel(DmmaArgs args, Gr
     }
     __syncthreads();
   }
-  let_next_kernel_in();
 
 #pragma unroll
   for (int i = 0; i < 2; ++i)
