@@ -312,62 +312,111 @@ __global__ void __launch_bounds__(kThreads, kTiled ? 3 : 4) dmma_kernel(DmmaArgs
 // s0 + 2^8 s1 + 2^16 s2 (< 2^27) is the tile's Σ k·w2, and float(·) · 2^-10 is the CPU's partial.
 // Each 32-wide K step ends a tile, so the fold (partial · s_x) · s_w runs right after its products,
 // in increasing K like the CPU's. Tiling as dmma_kernel: 64 × 64 per block, a 32 × 32 quarter per
-// warp (2 × 4 fragments of 16 × 8); a stage holds 4 tiles (one activation scale block of 128).
-constexpr int kImmaTiles = 4;
+// warp (2 × 4 fragments of 16 × 8). A stage holds 2 tiles; while one is multiplied, the next one's
+// activation planes arrive in a second buffer by asynchronous copies (cp.async) and its weights
+// and scales in registers (ncu at dad3d1e, with synchronous staging of 4 tiles: 41% of the
+// warps' stalls waited on global loads).
+constexpr int kImmaTiles = 2;
 constexpr int kPlaneWordsPerTile = 24;
-// Row pitches in shared memory, in words: ≡ 4 (mod 32), so the 32 lanes of a fragment load hit
-// 32 distinct banks (A: 4g + 3i + plane, B: 4g + i).
+static_assert(kThreads == kBN * kImmaTiles, "a thread stages one weight chunk per stage");
+static_assert(128 % (32 * kImmaTiles) == 0, "a stage lies in one activation scale block of 128");
+// Row pitches in shared memory, in words: ≡ 4 · odd (mod 32), so the 32 lanes of a fragment load
+// hit 32 distinct banks (A: 4g' + 3i + plane, B: 4g' + i, g' a permutation of g).
 constexpr int kAPitch = kImmaTiles * kPlaneWordsPerTile + 4;
 constexpr int kBPitch = kImmaTiles * 8 + 4;
 
-// 125 registers: 4 blocks per SM (uncapped it took 133, 3 blocks).
-__global__ void __launch_bounds__(kThreads, 4) imma_fp4_kernel(DmmaArgs args, Grouping g) {
+// 16 bytes from global to shared memory without passing through registers; zeros when !valid
+// (src is then not read).
+__device__ __forceinline__ void copy_async_16(uint32_t* dst, const uint32_t* src, bool valid) {
+  const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(to), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+
+// Starts copying stage t0's activation planes into A (zeros for absent rows and tiles past K), as
+// one group of asynchronous copies.
+__device__ __forceinline__ void stage_planes_async(const GemmRequest& p, const int64_t* src_of, int64_t t0,
+                                                   int64_t n_tiles, uint32_t* A) {
+  constexpr int kRowVectors = kImmaTiles * kPlaneWordsPerTile / 4;  // 16-byte copies per row and stage
+  const uint32_t* planes = reinterpret_cast<const uint32_t*>(p.x);  // rows of p.x_stride = n_tiles · 24 words
+  for (int i = threadIdx.x; i < kBM * kRowVectors; i += kThreads) {
+    const int r = i / kRowVectors, v = i % kRowVectors;
+    const int64_t s = src_of[r];
+    const bool valid = s >= 0 && t0 + v / (kPlaneWordsPerTile / 4) < n_tiles;
+    copy_async_16(A + r * kAPitch + 4 * v, valid ? planes + s * p.x_stride + t0 * kPlaneWordsPerTile + 4 * v : planes,
+                  valid);
+  }
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+// This thread's share of a stage's weights (output row threadIdx.x / 2, tile threadIdx.x % 2, as
+// stored) and scales, loaded a stage ahead.
+struct ImmaStage {
+  uint4 w;
+  float s_w, s_x;  // s_x: the activation scale of row threadIdx.x (threads below kBM)
+};
+
+__device__ __forceinline__ ImmaStage load_stage(const DmmaArgs& args, const LinearView& W, const int64_t* src_of,
+                                                int64_t n0, int64_t t0, int64_t n_tiles, bool w_vec) {
+  const GemmRequest& p = args.r;
+  const int64_t K = p.W.in, n = n0 + threadIdx.x / kImmaTiles, tile = t0 + threadIdx.x % kImmaTiles;
+  const bool ok = n < p.rows && tile < n_tiles;
+  ImmaStage st;
+  st.w = ok ? row_chunk(W, p.row0 + n, tile, K, w_vec) : make_uint4(0, 0, 0, 0);
+  st.s_w = ok ? block_scale<kFp4>(W, p.row0 + n, tile * 32) : 0.0f;
+  const int64_t s = threadIdx.x < kBM ? src_of[threadIdx.x] : -1;
+  st.s_x = s >= 0 ? args.sx[s * ((K + 127) / 128) + t0 * 32 / 128] : 0.0f;
+  return st;
+}
+
+// The weights as int8 (8 words per tile) and the scales into shared memory.
+__device__ __forceinline__ void store_stage(const ImmaStage& st, uint32_t* Bs, float (*sw_s)[kImmaTiles],
+                                            float* sx_s) {
+  const int r = threadIdx.x / kImmaTiles, t = threadIdx.x % kImmaTiles;
+  uint32_t q[8];
+  fp4_to_int8x8(st.w.x, q[0], q[1]);
+  fp4_to_int8x8(st.w.y, q[2], q[3]);
+  fp4_to_int8x8(st.w.z, q[4], q[5]);
+  fp4_to_int8x8(st.w.w, q[6], q[7]);
+  uint4* dst = reinterpret_cast<uint4*>(Bs + r * kBPitch + 8 * t);
+  dst[0] = make_uint4(q[0], q[1], q[2], q[3]);
+  dst[1] = make_uint4(q[4], q[5], q[6], q[7]);
+  sw_s[r][t] = st.s_w;
+  if (threadIdx.x < kBM) sx_s[threadIdx.x] = st.s_x;
+}
+
+// 154 registers, 3 blocks per SM (capped at 128 for 4 it spilled).
+__global__ void __launch_bounds__(kThreads, 3) imma_fp4_kernel(DmmaArgs args, Grouping g) {
   await_previous_kernel();
   const GemmRequest& p = args.r;
-  __shared__ __align__(16) uint32_t As[kBM * kAPitch];  // activation planes of the stage's tiles
-  __shared__ __align__(16) uint32_t Bs[kBN * kBPitch];  // weights as int8, 8 words per tile
-  __shared__ float sx_s[kBM];                           // the stage's activation scale per row
-  __shared__ float sw_s[kBN][kImmaTiles];               // the weight scale per output and tile
+  __shared__ __align__(16) uint32_t As[2][kBM * kAPitch];  // activation planes: this stage's, the next's
+  __shared__ __align__(16) uint32_t Bs[kBN * kBPitch];     // weights as int8, 8 words per tile
+  __shared__ float sx_s[kBM];                              // the stage's activation scale per row
+  __shared__ float sw_s[kBN][kImmaTiles];                  // the weight scale per output and tile
   __shared__ int64_t src_of[kBM], out_of[kBM];
 
   LinearView W;
   if (!tile_rows(p, g, src_of, out_of, W)) return;
-  const int64_t n0 = int64_t(blockIdx.x) * kBN, K = p.W.in, n_tiles = (K + 31) / 32, n_k128 = (K + 127) / 128;
-  const uint32_t* planes = reinterpret_cast<const uint32_t*>(p.x);  // rows of p.x_stride = n_tiles · 24 words
-  const bool w_vec = row_bytes(kFp4, K) % 16 == 0;                   // device weights start 256-byte aligned
+  const int64_t n0 = int64_t(blockIdx.x) * kBN, K = p.W.in, n_tiles = (K + 31) / 32;
+  const bool w_vec = row_bytes(kFp4, K) % 16 == 0;  // device weights start 256-byte aligned
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wm = (warp / 2) * 32, wn = (warp % 2) * 32, fg = lane / 4, ft = lane % 4;
   float acc[2][4][4] = {};  // [m fragment][n fragment][element of the mma's c]
 
-  for (int64_t t0 = 0; t0 < n_tiles; t0 += kImmaTiles) {
-    constexpr int kRowVectors = kImmaTiles * kPlaneWordsPerTile / 4;  // uint4 per row and stage
-    for (int i = threadIdx.x; i < kBM * kRowVectors; i += kThreads) {
-      const int r = i / kRowVectors, v = i % kRowVectors;
-      const int64_t s = src_of[r];
-      uint4 val = make_uint4(0, 0, 0, 0);
-      if (s >= 0 && t0 + v / (kPlaneWordsPerTile / 4) < n_tiles)
-        val = __ldg(reinterpret_cast<const uint4*>(planes + s * p.x_stride + t0 * kPlaneWordsPerTile) + v);
-      *reinterpret_cast<uint4*>(As + r * kAPitch + 4 * v) = val;
+  stage_planes_async(p, src_of, 0, n_tiles, As[0]);
+  ImmaStage next = load_stage(args, W, src_of, n0, 0, n_tiles, w_vec);
+  for (int64_t t0 = 0, stage = 0; t0 < n_tiles; t0 += kImmaTiles, ++stage) {
+    const uint32_t* A = As[stage % 2];
+    store_stage(next, Bs, sw_s, sx_s);
+    const bool more = t0 + kImmaTiles < n_tiles;
+    if (more) {
+      stage_planes_async(p, src_of, t0 + kImmaTiles, n_tiles, As[(stage + 1) % 2]);
+      asm volatile("cp.async.wait_group 1;" ::: "memory");  // this stage's planes have arrived
+    } else {
+      asm volatile("cp.async.wait_group 0;" ::: "memory");
     }
-    for (int i = threadIdx.x; i < kBN * kImmaTiles; i += kThreads) {
-      const int r = i / kImmaTiles, t = i % kImmaTiles;
-      const int64_t n = n0 + r, tile = t0 + t;
-      const bool ok = n < p.rows && tile < n_tiles;
-      const uint4 w = ok ? row_chunk(W, p.row0 + n, tile, K, w_vec) : make_uint4(0, 0, 0, 0);
-      uint32_t q[8];
-      fp4_to_int8x8(w.x, q[0], q[1]);
-      fp4_to_int8x8(w.y, q[2], q[3]);
-      fp4_to_int8x8(w.z, q[4], q[5]);
-      fp4_to_int8x8(w.w, q[6], q[7]);
-      uint4* dst = reinterpret_cast<uint4*>(Bs + r * kBPitch + 8 * t);
-      dst[0] = make_uint4(q[0], q[1], q[2], q[3]);
-      dst[1] = make_uint4(q[4], q[5], q[6], q[7]);
-      sw_s[r][t] = ok ? block_scale<kFp4>(W, p.row0 + n, tile * 32) : 0.0f;
-    }
-    for (int r = threadIdx.x; r < kBM; r += kThreads)
-      sx_s[r] = src_of[r] >= 0 ? args.sx[src_of[r] * n_k128 + t0 / 4] : 0.0f;
     __syncthreads();
+    if (more) next = load_stage(args, W, src_of, n0, t0 + kImmaTiles, n_tiles, w_vec);
 
     float s_x[2][2];  // the stage's activation scale of this lane's rows: [m fragment][row g, g + 8]
 #pragma unroll
@@ -389,7 +438,7 @@ __global__ void __launch_bounds__(kThreads, 4) imma_fp4_kernel(DmmaArgs args, Gr
       uint32_t a[2][3][4];  // [m fragment][plane][fragment register]
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        const uint32_t* ap = As + (wm + 16 * i + fg) * kAPitch + kPlaneWordsPerTile * t;
+        const uint32_t* ap = A + (wm + 16 * i + fg) * kAPitch + kPlaneWordsPerTile * t;
 #pragma unroll
         for (int pl = 0; pl < 3; ++pl) {
           a[i][pl][0] = ap[3 * ft + pl];
