@@ -19,8 +19,6 @@
 #include <cstdlib>
 #include <utility>
 
-#include "backend/cuda/check.h"
-
 namespace dsv4::cuda {
 
 __device__ __forceinline__ void await_previous_kernel() {
