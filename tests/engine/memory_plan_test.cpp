@@ -2,6 +2,7 @@
 // the shortfall when it does not fit.
 #include <gtest/gtest.h>
 
+#include "backend/backend.h"
 #include "core/error.h"
 #include "engine/memory_plan.h"
 #include "model/synthetic.h"
@@ -45,6 +46,22 @@ TEST(MemoryPlan, FourFlashLayersFitAnH200AndTheWholeModelDoesNot) {
                              "139.00 GiB are free", "short by"})
       EXPECT_NE(m.find(part), std::string::npos) << part << " missing in: " << m;
   }
+}
+
+// A prefill chunk's working set includes one pass through the experts: the gate, up and output
+// rows of each token's k experts, for up to Backend::kMaxMoeTokenChunk tokens (the CUDA backend's
+// pass). With one attention head and one residual stream the other parts together are smaller
+// than that pass, so the plan must count the pass itself (the estimate before 2026-11-30 counted a
+// sixth of it, and this test failed).
+TEST(MemoryPlan, ActivationsHoldOnePassThroughTheExperts) {
+  model::ModelConfig c = flash(4);
+  c.n_heads = 1;
+  c.hc_mult = 1;
+  const auto moe_pass = [&](int64_t tokens) {
+    return size_t(tokens * c.n_experts_per_tok * (c.hidden_size + 2 * c.moe_intermediate_size)) * sizeof(float);
+  };
+  EXPECT_GE(plan_memory(c, 0, 2048, StateLayout::compact).activation_bytes, moe_pass(2048));
+  EXPECT_GE(plan_memory(c, 0, 8192, StateLayout::compact).activation_bytes, moe_pass(Backend::kMaxMoeTokenChunk));
 }
 
 TEST(MemoryPlan, StateCountsEverySequence) {
