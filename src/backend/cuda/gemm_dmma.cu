@@ -191,7 +191,8 @@ __device__ __forceinline__ void load_step(Staged<kFormat>& st, const GemmRequest
     for (int b = 0; b < 4 * kWords; ++b)
       if (first + b < end) st.w[b / 4] |= uint32_t(row[b]) << (8 * (b % 4));
   }
-  if constexpr (kFormat == kFp8 || kFormat == kFp4) st.scale = n < p.rows && k < K ? block_scale<kFormat>(W, o, k) : 0.0f;
+  if constexpr (kFormat == kFp8 || kFormat == kFp4)
+    st.scale = n < p.rows && k < K ? block_scale<kFormat>(W, o, k) : 0.0f;
 }
 
 // Element e of the staged weights: the stored value (quantized path) or the dequantized one.

@@ -568,8 +568,8 @@ void CudaBackend::indexer_select(const float* q, const float* wts, int64_t T, in
     if (visible_max > 0 && fp4_path) {
       const dim3 grid(unsigned(n), unsigned((visible_max + kFp4KeysPerBlock - 1) / kFp4KeysPerBlock));
       launch(indexer_scores_fp4_kernel, grid, kFp4Threads, fp4_smem, stream_,
-          q_packed.get() + t0 * heads * key_format.stride, wts + t0 * heads, int(heads), key_format, keys, n_keys, ratio,
-          p0 + t0, score.get());
+             q_packed.get() + t0 * heads * key_format.stride, wts + t0 * heads, int(heads), key_format, keys, n_keys,
+             ratio, p0 + t0, score.get());
       DSV4_CUDA_LAUNCHED("indexer_select (FP4 scores)");
     } else if (visible_max > 0) {
       const dim3 grid(unsigned(n), unsigned((visible_max + kScoreWarps - 1) / kScoreWarps));
