@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <utility>
 
 namespace dsv4::cuda {
@@ -28,16 +29,27 @@ __device__ __forceinline__ void await_previous_kernel() {
 #endif
 }
 
-// Whether launches are dependent ones: on devices that schedule them early (compute capability 9.0
-// on; asked once, of the device current at the first launch), unless DSV4_CUDA_SERIAL_LAUNCHES is
-// set (to measure what they buy, or to rule them out). Otherwise launch() is a plain launch.
-inline bool dependent_launch_supported() {
+// Whether a kernel's launches are dependent ones: on devices that schedule them early (compute
+// capability 9.0 on; asked once, of the device current at the first launch), unless
+// DSV4_CUDA_SERIAL_LAUNCHES says otherwise: "1" makes every launch plain (to measure what dependent
+// launches buy), any other text the launches of the kernels whose mangled name contains it (to
+// find which kernels' dependent launches cost, as prefill's do).
+inline bool launches_dependently(const void* kernel) {
+  static const char* const serial = std::getenv("DSV4_CUDA_SERIAL_LAUNCHES");
   static const bool supported = [] {
     int device = 0, major = 0;
-    return std::getenv("DSV4_CUDA_SERIAL_LAUNCHES") == nullptr && cudaGetDevice(&device) == cudaSuccess &&
+    return cudaGetDevice(&device) == cudaSuccess &&
            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9;
   }();
-  return supported;
+  if (!supported) return false;
+  if (serial == nullptr) return true;
+  if (std::strcmp(serial, "1") == 0) return false;
+  const char* name = nullptr;
+  if (cudaFuncGetName(&name, kernel) != cudaSuccess) {
+    (void)cudaGetLastError();  // not a launch failure: DSV4_CUDA_LAUNCHED reads the last error
+    return true;
+  }
+  return std::strstr(name, serial) == nullptr;
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent launch. Launch errors
@@ -53,7 +65,7 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
   config.dynamicSmemBytes = smem;
   config.stream = stream;
   config.attrs = &attribute;
-  config.numAttrs = dependent_launch_supported() ? 1 : 0;
+  config.numAttrs = launches_dependently(reinterpret_cast<const void*>(kernel)) ? 1 : 0;
   (void)cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
