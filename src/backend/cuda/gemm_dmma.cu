@@ -171,26 +171,7 @@ __device__ __forceinline__ void load_step(Staged<kFormat>& st, const GemmRequest
     for (int e = 0; e < 16; ++e) st.x[e] = s >= 0 && k + e < K ? p.x[s * p.x_stride + k + e] : 0.0f;
   }
   const int64_t o = p.row0 + n, nb = row_bytes(kFormat, K);
-  const uint8_t* row = W.data + o * nb + k * kBits / 8;
-  if (n < p.rows && w_vec && inside) {
-    if constexpr (kWords == 2) {
-      const uint2 v = __ldg(reinterpret_cast<const uint2*>(row));
-      st.w[0] = v.x, st.w[1] = v.y;
-    } else {
-#pragma unroll
-      for (int q = 0; q < kWords / 4; ++q) {
-        const uint4 v = __ldg(reinterpret_cast<const uint4*>(row) + q);
-        st.w[4 * q] = v.x, st.w[4 * q + 1] = v.y, st.w[4 * q + 2] = v.z, st.w[4 * q + 3] = v.w;
-      }
-    }
-  } else {
-#pragma unroll
-    for (int q = 0; q < kWords; ++q) st.w[q] = 0;
-    const int64_t first = k * kBits / 8, end = n < p.rows ? nb : 0;
-#pragma unroll
-    for (int b = 0; b < 4 * kWords; ++b)
-      if (first + b < end) st.w[b / 4] |= uint32_t(row[b]) << (8 * (b % 4));
-  }
+  row_words(W.data + o * nb, k * kBits / 8, n < p.rows ? nb : 0, n < p.rows && w_vec && inside, st.w);
   if constexpr (kFormat == kFp8 || kFormat == kFp4)
     st.scale = n < p.rows && k < K ? block_scale<kFormat>(W, o, k) : 0.0f;
 }

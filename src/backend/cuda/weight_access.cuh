@@ -50,17 +50,40 @@ __device__ __forceinline__ float dequantized(const LinearView& W, int64_t o, int
   return (format == kFp8 || format == kFp4) ? v * block_scale<kFormat>(W, o, i) : v;
 }
 
-// Chunk c (16 bytes) of stored row o of W, whose rows hold K elements: one 16-byte load when the
-// rows allow it (vec: row bytes a multiple of 16, the data 16-byte aligned), else byte by byte with
-// zeros past the row's end.
+// kWords 32-bit words of a stored row from byte `first` on: 16-byte loads (one 8-byte load for two
+// words) when vec (the row's bytes a multiple of 16, the data 16-byte aligned, the words inside the
+// row), else byte by byte with zeros from byte `end` on (the row's bytes; 0 for an absent row).
+template <int kWords>
+__device__ __forceinline__ void row_words(const uint8_t* row, int64_t first, int64_t end, bool vec,
+                                          uint32_t (&w)[kWords]) {
+  static_assert(kWords == 2 || kWords % 4 == 0, "whole 8- or 16-byte loads");
+  const uint8_t* p = row + first;
+  if (vec) {
+    if constexpr (kWords == 2) {
+      const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
+      w[0] = v.x, w[1] = v.y;
+    } else {
+#pragma unroll
+      for (int q = 0; q < kWords / 4; ++q) {
+        const uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + q);
+        w[4 * q] = v.x, w[4 * q + 1] = v.y, w[4 * q + 2] = v.z, w[4 * q + 3] = v.w;
+      }
+    }
+    return;
+  }
+#pragma unroll
+  for (int q = 0; q < kWords; ++q) w[q] = 0;
+#pragma unroll
+  for (int b = 0; b < 4 * kWords; ++b)
+    if (first + b < end) w[b / 4] |= uint32_t(p[b]) << (8 * (b % 4));
+}
+
+// Chunk c (16 bytes) of stored row o of W, whose rows hold K elements (see row_words; vec: the
+// rows allow 16-byte loads).
 __device__ inline uint4 row_chunk(const LinearView& W, int64_t o, int64_t c, int64_t K, bool vec) {
   const int64_t nb = row_bytes(W.format, K);
-  const uint8_t* p = W.data + o * nb + c * 16;
-  if (vec) return __ldg(reinterpret_cast<const uint4*>(p));
-  uint32_t w[4] = {0, 0, 0, 0};
-#pragma unroll
-  for (int b = 0; b < 16; ++b)
-    if (c * 16 + b < nb) w[b / 4] |= uint32_t(p[b]) << (8 * (b % 4));
+  uint32_t w[4];
+  row_words(W.data + o * nb, c * 16, nb, vec, w);
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
