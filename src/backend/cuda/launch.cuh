@@ -4,9 +4,10 @@
 // dependent kernels the GPU then spends the wait's exit instead of a launch (≈ 2.4 µs each on an
 // H200, and a decoded token runs ≈ 200 kernels). Measured on an H200 (4 V4-Flash layers,
 // bench/results/cuda_launch_h200.log): decode +12% (438 against 390 tok/s at 4K), but a 4K
-// prefill −5% (7 350 against 7 710 tok/s), for reasons not yet found: neither letting the next
-// kernel in only after the long kernels' main loops nor plain launches for grids over 1 024 blocks
-// recovered it.
+// prefill −5% (7 350 against 7 710 tok/s). Making one kernel's launches plain at a time
+// (DSV4_CUDA_SERIAL_LAUNCHES, below) found the cost in the FP64 tensor-core GEMM alone (7 905 tok/s
+// with its launches plain, 7 500 with none, 7 867 with all): it is launched plain
+// (Launch::plain, gemm_dmma.cu).
 //
 // The rule that keeps it exact: every kernel launched with launch() calls await_previous_kernel()
 // as its first statement, before any access to global memory. Then it sees everything the
@@ -52,9 +53,13 @@ inline bool launches_dependently(const void* kernel) {
   return std::strstr(name, serial) == nullptr;
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent launch. Launch errors
-// are left for DSV4_CUDA_LAUNCHED, which follows every launch.
-template <class... Params, class... Args>
+// How a kernel is launched: early, as a dependent of the kernel before it (the default), or plain,
+// once that kernel has finished (for kernels whose early launch measured slower).
+enum class Launch { dependent, plain };
+
+// kernel<<<grid, block, smem, stream>>>(args...), by default as a programmatic dependent launch.
+// Launch errors are left for DSV4_CUDA_LAUNCHED, which follows every launch.
+template <Launch kMode = Launch::dependent, class... Params, class... Args>
 void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -65,7 +70,7 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
   config.dynamicSmemBytes = smem;
   config.stream = stream;
   config.attrs = &attribute;
-  config.numAttrs = launches_dependently(reinterpret_cast<const void*>(kernel)) ? 1 : 0;
+  config.numAttrs = kMode == Launch::dependent && launches_dependently(reinterpret_cast<const void*>(kernel)) ? 1 : 0;
   (void)cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
