@@ -211,6 +211,12 @@ class CudaBackend final : public Backend {
   // The GEMV's arrival counts when it splits K (gemm.cu): one per output block of a grid of fewer
   // than 2·sm_count_ of them, zero between products.
   unsigned* part_arrivals_ = nullptr;
+  // The indexer top-k's histograms of few queries over many keys (indexer.cu): 65 536 counts per
+  // query, zero between selections (each clears what it counted); grown on demand, as
+  // gemm_scratch is. At most 127 queries take that path: 32 MiB.
+  uint32_t* topk_histograms(int64_t queries);
+  uint32_t* topk_hist_ = nullptr;
+  int64_t topk_hist_queries_ = 0;
   std::unordered_map<const void*, int> shared_memory_kernels_;  // kernel → dynamic bytes allowed
 
   cudaStream_t stream_ = nullptr;

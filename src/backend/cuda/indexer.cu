@@ -20,11 +20,21 @@
 //     scan) finds the k-th largest key (once the keys still in play fit in shared memory they are
 //     gathered there, and later passes read only them; once they are exactly the ones still wanted,
 //     it stops); the k keys at or above it are gathered and bitonic-sorted in shared memory.
-//     Many queries (prefill) take one block per query over the scores. A few queries (decode)
-//     would leave all but a few SMs idle, so their keys are split into parts of 8 192: a block per
-//     (part, query) keys its part into shared memory and selects its top k, and one block per query
-//     selects again from the parts' survivors, which hold the query's top k. The same select body
-//     runs in all three kernels, over keys from scores or keys already made.
+//     Many queries (prefill) take one block per query over the scores.
+//   top-k of a few queries over many keys (decode at long contexts): one block per query would
+//     leave all but a few SMs idle, so the whole GPU finds each query's threshold instead. A key's
+//     top 16 bits name its bin (a bf16 score is all in them), and bins order as keys do:
+//     histogram: a grid over the keys counts them per bin and per coarse bin (a bin's top 8 bits),
+//       in shared memory per block, then added up;
+//     threshold: a warp per query finds the coarse bin holding its k-th largest key, then the bin
+//       within it (keys above that bin are all taken, of it some);
+//     gather: a grid over the keys lists the keys above the threshold bin and those in it, and
+//       clears the counts for the next selection;
+//     final: a block per query sorts both lists together and keeps the first k; should the
+//       threshold bin hold more keys than the list has room for, it selects over all the scores
+//       as one block per query does.
+//     (Before: parts of 8 192 keys selected their top k, and one block per query selected again
+//     from the parts' survivors; at 1M context on an H200, 23 + 28 µs a selection.)
 //   Queries are processed in chunks so the score scratch stays bounded at long contexts.
 #include <cuda_bf16.h>
 
@@ -42,10 +52,12 @@ namespace {
 constexpr int kScoreWarps = 8;
 constexpr int kSelectThreads = 1024;
 constexpr int64_t kMaxTopK = 4096;             // bitonic buffer (32 KiB of keys)
-constexpr int64_t kPartKeys = 8192;            // split top-k: a part's keys in shared memory
+constexpr int64_t kManyKeys = 8192;            // more keys than this, few queries: the threshold path
+constexpr int kBins = 1 << 16;                 // the threshold path's bins: a key's top 16 bits
+constexpr int kCoarseBins = 256;               // and their top 8 bits
+constexpr int64_t kHistWords = kBins + kCoarseBins;  // a query's counts: per bin, then per coarse bin
 constexpr int64_t kSortAllKeys = 2048;         // fewer keys are sorted whole, without a radix select
 static_assert(kSortAllKeys <= kMaxTopK, "the keys sorted whole fit the sort buffer");
-constexpr size_t kPartBytes = kPartKeys * sizeof(uint64_t);  // (64 KiB: above the default 48)
 constexpr int64_t kScoreScratch = int64_t(1) << 26;  // floats of scores per chunk (256 MiB)
 constexpr int kMaxKeyDim = 256;                        // a key's dims in registers: 8 per lane
 
@@ -245,7 +257,7 @@ struct ScoreKeys {
   __device__ uint64_t first() const { return select_key(score[0], 0); }
 };
 
-// Keys already made: a part's in shared memory, the parts' survivors, the candidates gathered so far.
+// Keys already made: the candidates gathered so far.
 struct StoredKeys {
   const uint64_t* key;
   int64_t n;
@@ -253,7 +265,6 @@ struct StoredKeys {
   __device__ void for_each(F f) const {
     for_each_element(key, n, [&](uint64_t stored, int64_t) { f(stored); });
   }
-  __device__ uint64_t first() const { return key[0]; }
 };
 
 // The bits in which some of `keys` differ (n ≥ 1). A digit with none of them set is the same in
@@ -426,60 +437,142 @@ __device__ inline void write_rows(const uint64_t* sel, int64_t n_sel, int64_t k,
     rows[i] = i < n_sel ? int32_t(0xffffffffu - uint32_t(sel[i] & 0xffffffffu)) : -1;
 }
 
+// The top k of one query's `visible` scores into its k output rows (−1 past the visible ones).
+__device__ void select_over_scores(const float* score, int64_t visible, int64_t k, uint64_t* sel, int32_t* rows) {
+  const int n_sel = gather_top(ScoreKeys{score, visible}, visible, gathered(visible, k), sel);
+  sort_descending(sel, n_sel);
+  write_rows(sel, n_sel, k, rows);
+}
+
 // One block per query over its scores.
 __global__ void __launch_bounds__(kSelectThreads)
     indexer_topk_kernel(const float* score, int64_t n_keys, int64_t ratio, int64_t p0, int64_t k, int32_t* idx) {
   await_previous_kernel();
   __shared__ uint64_t sel[kMaxTopK];
   const int64_t t = blockIdx.x;
-  const int64_t visible = visible_keys(t, p0, ratio, n_keys);
-  const int n_sel = gather_top(ScoreKeys{score + t * n_keys, visible}, visible, gathered(visible, k), sel);
-  sort_descending(sel, n_sel);
-  write_rows(sel, n_sel, k, idx + t * k);
+  select_over_scores(score + t * n_keys, visible_keys(t, p0, ratio, n_keys), k, sel, idx + t * k);
 }
 
-// Split top-k, first step: block (part, t) keeps the top min(k, its keys) of query t's rows
-// [part · kPartKeys, (part + 1) · kPartKeys) in survivors[t, part], zeros after them. The part is
-// keyed once into shared memory, so every digit pass after the load reads shared memory only.
-__global__ void __launch_bounds__(kSelectThreads)
-    indexer_part_topk_kernel(const float* score, int64_t n_keys, int64_t ratio, int64_t p0, int64_t k,
-                             uint64_t* survivors) {
+// ---- the threshold path (few queries over many keys; see the top) ----------------------------
+
+__device__ inline int bin_of(uint64_t key) { return int(key >> 48); }
+
+// A query's threshold: written by the threshold kernel, counted up by the gather.
+struct TopKThreshold {
+  int32_t bin;       // keys above this bin are taken, of it the largest; −1: every key is taken
+  uint32_t n_above;  // keys listed above the bin (fewer than k)
+  uint32_t n_ties;   // keys of the bin met (the list keeps the first `tie_room`)
+};
+
+// Grid (key blocks of kHistKeys, query): hist[t] counts query t's visible keys per bin and per
+// coarse bin. A block counts its keys in shared memory first (two 16-bit counts per word: a block
+// has fewer than 2^16 keys), then adds its nonzero counts to hist. (One global atomic per key took
+// 50 µs for the 262 144 keys of 1M context on an H200: the keys crowd into a few hundred bins.)
+constexpr int kHistKeys = 16384, kHistThreads = 1024;
+constexpr size_t kHistBytes = kBins * sizeof(uint16_t) + kCoarseBins * sizeof(uint32_t);
+static_assert(kHistKeys < (1 << 16), "a block's count per bin fits 16 bits");
+
+__global__ void __launch_bounds__(kHistThreads)
+    topk_histogram_kernel(const float* score, int64_t n_keys, int64_t ratio, int64_t p0, uint32_t* hist) {
   await_previous_kernel();
-  extern __shared__ uint64_t part_keys[];  // kPartKeys
-  __shared__ uint64_t sel[kMaxTopK];
-  const int64_t t = blockIdx.y, part = blockIdx.x, row0 = part * kPartKeys;
-  const int64_t rest = visible_keys(t, p0, ratio, n_keys) - row0;
-  const int64_t n = rest < 0 ? 0 : (rest < kPartKeys ? rest : kPartKeys);
-  for_each_element(score + t * n_keys + row0, n, [&](float s, int64_t i) { part_keys[i] = select_key(s, row0 + i); });
+  extern __shared__ uint32_t pair_counts[];  // kBins / 2 words (bin 2j in the low half of word j), then coarse
+  uint32_t* coarse = pair_counts + kBins / 2;
+  const int64_t t = blockIdx.y, visible = visible_keys(t, p0, ratio, n_keys);
+  const int64_t w0 = int64_t(blockIdx.x) * kHistKeys;
+  if (w0 >= visible) return;  // (uniform over the block)
+  for (int j = threadIdx.x; j < kBins / 2 + kCoarseBins; j += blockDim.x) pair_counts[j] = 0;
   __syncthreads();
-  const int n_sel = gather_top(StoredKeys{part_keys, n}, n, k, sel);
-  uint64_t* out = survivors + (t * gridDim.x + part) * k;
-  for (int64_t i = threadIdx.x; i < k; i += blockDim.x) out[i] = i < n_sel ? sel[i] : 0;
+  const int64_t n = visible - w0 < kHistKeys ? visible - w0 : kHistKeys;
+  for_each_element(score + t * n_keys + w0, n, [&](float s, int64_t i) {
+    const int bin = bin_of(select_key(s, w0 + i));
+    atomicAdd(&pair_counts[bin / 2], 1u << (16 * (bin % 2)));
+  });
+  __syncthreads();
+  uint32_t* h = hist + t * kHistWords;
+  for (int j = threadIdx.x; j < kBins / 2; j += blockDim.x) {
+    const uint32_t c = pair_counts[j], lo = c & 0xffff, hi = c >> 16;
+    if (lo) atomicAdd(&h[2 * j], lo);
+    if (hi) atomicAdd(&h[2 * j + 1], hi);
+    if (c) atomicAdd(&coarse[2 * j / (kBins / kCoarseBins)], lo + hi);
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < kCoarseBins; i += blockDim.x)
+    if (coarse[i]) atomicAdd(&h[kBins + i], coarse[i]);
 }
 
-// Split top-k, second step: one block per query selects from its parts' survivors, which hold its
-// top k (a part keeps every key of the top k it holds). With `staged`, the survivors are copied to
-// shared memory first, so the digit passes read it (over global memory the merge of 16K survivors
-// took 48 µs at 1M context on an H200, longer than the 32 parts).
-__global__ void __launch_bounds__(kSelectThreads)
-    indexer_merge_topk_kernel(const uint64_t* survivors, int64_t parts, int64_t n_keys, int64_t ratio, int64_t p0,
-                              int64_t k, bool staged, int32_t* idx) {
+// One warp per query: the coarse bin holding its k-th largest key, then the bin among that coarse
+// bin's 256 (find_digit over counts staged in shared memory). The gather clears the counts.
+__global__ void __launch_bounds__(32) topk_threshold_kernel(const uint32_t* hist, int64_t k, TopKThreshold* threshold) {
   await_previous_kernel();
-  extern __shared__ uint64_t staged_keys[];  // parts · k when staged
+  __shared__ uint32_t counts[kCoarseBins];
+  const int64_t t = blockIdx.x;
+  const uint32_t* h = hist + t * kHistWords;
+  const int lane = threadIdx.x;
+  uint32_t own = 0;
+  for (int i = lane; i < kCoarseBins; i += 32) {
+    counts[i] = h[kBins + i];
+    own += counts[i];
+  }
+  if (int64_t(__reduce_add_sync(kFullMask, own)) < k) {  // fewer than k keys: every one is taken
+    if (lane == 0) threshold[t] = TopKThreshold{-1, 0, 0};
+    return;
+  }
+  __syncwarp();
+  int coarse_bin, fine_bin;
+  int64_t above_coarse, above_fine;
+  find_digit(counts, k, coarse_bin, above_coarse);
+  __syncwarp();
+  const int64_t first = int64_t(coarse_bin) * (kBins / kCoarseBins);
+  for (int i = lane; i < kCoarseBins; i += 32) counts[i] = h[first + i];
+  __syncwarp();
+  find_digit(counts, k - above_coarse, fine_bin, above_fine);
+  if (lane == 0) threshold[t] = TopKThreshold{int32_t(first) + fine_bin, 0, 0};
+}
+
+// Grid (key blocks, query): the keys above query t's threshold bin to above[t] (k each), those in
+// it to ties[t] (tie_room each).
+__global__ void topk_gather_kernel(const float* score, int64_t n_keys, int64_t ratio, int64_t p0, int64_t k,
+                                   int64_t tie_room, TopKThreshold* threshold, uint32_t* hist, uint64_t* above,
+                                   uint64_t* ties) {
+  await_previous_kernel();
+  const int64_t t = blockIdx.y, visible = visible_keys(t, p0, ratio, n_keys);
+  const float* s = score + t * n_keys;
+  TopKThreshold& th = threshold[t];
+  const int bin = th.bin;
+  // The counts, read by the threshold kernel before this one started, cleared for the next selection.
+  uint32_t* h = hist + t * kHistWords;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < kHistWords; i += int64_t(gridDim.x) * blockDim.x)
+    h[i] = 0;
+  for (int64_t w = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; w < visible; w += int64_t(gridDim.x) * blockDim.x) {
+    const uint64_t key = select_key(s[w], w);
+    if (bin_of(key) > bin) {
+      above[t * k + atomicAdd(&th.n_above, 1u)] = key;
+    } else if (bin_of(key) == bin) {
+      const uint32_t i = atomicAdd(&th.n_ties, 1u);
+      if (i < tie_room) ties[t * tie_room + i] = key;
+    }
+  }
+}
+
+// Block per query: its listed keys sorted, the first k kept; or, when the threshold bin held more
+// keys than the list's room, the selection over all its scores.
+__global__ void __launch_bounds__(kSelectThreads)
+    topk_final_kernel(const float* score, int64_t n_keys, int64_t ratio, int64_t p0, int64_t k, int64_t tie_room,
+                      const TopKThreshold* threshold, const uint64_t* above, const uint64_t* ties, int32_t* idx) {
+  await_previous_kernel();
   __shared__ uint64_t sel[kMaxTopK];
   const int64_t t = blockIdx.x;
-  const int64_t visible = visible_keys(t, p0, ratio, n_keys);
-  const int64_t last = visible % kPartKeys;
-  const int64_t n_real = visible / kPartKeys * k + (last < k ? last : k);
-  const uint64_t* keys = survivors + t * parts * k;
-  if (staged) {
-    for_each_element(keys, parts * k, [&](uint64_t key, int64_t i) { staged_keys[i] = key; });
-    __syncthreads();
-    keys = staged_keys;
+  const TopKThreshold th = threshold[t];
+  if (th.n_ties > tie_room) {  // (uniform over the block)
+    select_over_scores(score + t * n_keys, visible_keys(t, p0, ratio, n_keys), k, sel, idx + t * k);
+    return;
   }
-  const int n_sel = gather_top(StoredKeys{keys, parts * k}, n_real, gathered(n_real, k), sel);
-  sort_descending(sel, n_sel);
-  write_rows(sel, n_sel, k, idx + t * k);
+  const int64_t n = int64_t(th.n_above) + th.n_ties;  // ≤ k − 1 + tie_room ≤ kMaxTopK
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+    sel[i] = i < th.n_above ? above[t * k + i] : ties[t * tie_room + i - th.n_above];
+  __syncthreads();
+  sort_descending(sel, n);
+  write_rows(sel, n, k, idx + t * k);
 }
 
 __global__ void fill_ids_kernel(int32_t* idx, int64_t n, int32_t value) {
@@ -488,41 +581,45 @@ __global__ void fill_ids_kernel(int32_t* idx, int64_t n, int32_t value) {
     idx[i] = value;
 }
 
-// How many parts the top-k splits each query's keys into (1: one block per query). One block per
-// query fills the GPU only with about as many queries as it has SMs (132 on an H200); with the one
-// to few queries of decode, a single block took most of an indexer call at long contexts. Fewer
-// queries than that are split once their keys exceed one part, if a part keeps at most an eighth of
-// its keys (k ≤ kPartKeys / 8), so that the merge reads far fewer keys than the query has. Larger
-// chunks (prefill) keep one block per query: their grid is full, and the merge would be extra work.
-int64_t top_k_parts(int64_t T, int64_t visible_max, int64_t k) {
+// Whether the top-k takes the threshold path (see the top): for fewer queries than fill the GPU with
+// a block each (132 SMs on an H200), once they see more than kManyKeys keys, and only for k ≤
+// kMaxTopK / 4, so that the threshold bin's keys have room beside the k − 1 above it.
+bool threshold_path(int64_t T, int64_t visible_max, int64_t k) {
   constexpr int64_t kQueriesFillingGpu = 128;
-  if (T >= kQueriesFillingGpu || 8 * k > kPartKeys) return 1;
-  return (visible_max + kPartKeys - 1) / kPartKeys;
+  return T < kQueriesFillingGpu && visible_max > kManyKeys && 4 * k <= kMaxTopK;
 }
 
-// Shared memory of the merge: its survivors when they fit (beside `sel`: 32 parts of k = 512 do),
-// else none (read from global memory).
-size_t merge_bytes(int64_t parts, int64_t k) {
-  constexpr size_t kMaxStaged = 160 * 1024;
-  const size_t bytes = size_t(parts * k) * sizeof(uint64_t);
-  return bytes <= kMaxStaged ? bytes : 0;
-}
+// Scratch of the threshold path for n queries: their thresholds, then their listed keys.
+struct ThresholdScratch {
+  TopKThreshold* threshold;
+  uint64_t* above;  // [n, k]
+  uint64_t* ties;   // [n, tie_room]
+  uint32_t* hist;   // [n, kHistWords], zero between selections
+  int64_t tie_room;
+};
 
-// The top k of n queries' scores into idx; with parts > 1 through survivors ([n, parts, k]).
+// The top k of n queries' scores into idx.
 void select_top_k(cudaStream_t stream, const float* score, int64_t n, int64_t n_keys, int64_t ratio, int64_t p0,
-                  int64_t k, int64_t parts, uint64_t* survivors, int32_t* idx) {
-  if (parts <= 1) {
+                  int64_t k, const ThresholdScratch* th, int32_t* idx) {
+  if (!th) {
     launch(indexer_topk_kernel, unsigned(n), kSelectThreads, 0, stream, score, n_keys, ratio, p0, k, idx);
     DSV4_CUDA_LAUNCHED("indexer_select (top-k)");
     return;
   }
-  launch(indexer_part_topk_kernel, dim3(unsigned(parts), unsigned(n)), kSelectThreads, kPartBytes, stream,
-      score, n_keys, ratio, p0, k, survivors);
-  DSV4_CUDA_LAUNCHED("indexer_select (top-k parts)");
-  const size_t staged = merge_bytes(parts, k);
-  launch(indexer_merge_topk_kernel, unsigned(n), kSelectThreads, staged, stream, survivors, parts, n_keys, ratio, p0, k,
-                                                                               staged > 0, idx);
-  DSV4_CUDA_LAUNCHED("indexer_select (top-k merge)");
+  constexpr int kKeysPerBlock = 2048, kThreads = 256;  // the gather's
+  const int64_t visible_max = std::min(n_keys, (p0 + n) / ratio);
+  const dim3 hist_grid(unsigned(std::max<int64_t>(1, (visible_max + kHistKeys - 1) / kHistKeys)), unsigned(n));
+  launch(topk_histogram_kernel, hist_grid, kHistThreads, kHistBytes, stream, score, n_keys, ratio, p0, th->hist);
+  DSV4_CUDA_LAUNCHED("indexer_select (top-k histogram)");
+  launch(topk_threshold_kernel, unsigned(n), 32, 0, stream, th->hist, k, th->threshold);
+  DSV4_CUDA_LAUNCHED("indexer_select (top-k threshold)");
+  const dim3 grid(unsigned(std::max<int64_t>(1, (visible_max + kKeysPerBlock - 1) / kKeysPerBlock)), unsigned(n));
+  launch(topk_gather_kernel, grid, kThreads, 0, stream, score, n_keys, ratio, p0, k, th->tie_room, th->threshold,
+         th->hist, th->above, th->ties);
+  DSV4_CUDA_LAUNCHED("indexer_select (top-k gather)");
+  launch(topk_final_kernel, unsigned(n), kSelectThreads, 0, stream, score, n_keys, ratio, p0, k, th->tie_room,
+         th->threshold, th->above, th->ties, idx);
+  DSV4_CUDA_LAUNCHED("indexer_select (top-k final)");
 }
 
 }  // namespace
@@ -555,13 +652,14 @@ void CudaBackend::indexer_select(const float* q, const float* wts, int64_t T, in
   }
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(T, kScoreScratch / n_keys));
   DeviceArray<float> score(stream_, size_t(chunk * n_keys));
-  const int64_t parts = top_k_parts(T, std::min(n_keys, (p0 + T) / ratio), k);
-  DeviceArray<uint64_t> survivors(stream_, parts > 1 ? size_t(chunk * parts * k) : 0);
-  if (parts > 1) {
-    allow_shared_memory(reinterpret_cast<const void*>(indexer_part_topk_kernel), kPartBytes, "indexer top-k parts");
-    allow_shared_memory(reinterpret_cast<const void*>(indexer_merge_topk_kernel), merge_bytes(parts, k),
-                        "indexer top-k merge");
-  }
+  const bool by_threshold = threshold_path(T, std::min(n_keys, (p0 + T) / ratio), k);
+  const int64_t tie_room = kMaxTopK - k;
+  DeviceArray<TopKThreshold> thresholds(stream_, by_threshold ? size_t(chunk) : 0);
+  DeviceArray<uint64_t> listed(stream_, by_threshold ? size_t(chunk * (k + tie_room)) : 0);
+  const ThresholdScratch th{thresholds.get(), listed.get(), listed.get() + chunk * k,
+                            by_threshold ? topk_histograms(chunk) : nullptr, tie_room};
+  if (by_threshold)
+    allow_shared_memory(reinterpret_cast<const void*>(topk_histogram_kernel), kHistBytes, "indexer top-k histogram");
   for (int64_t t0 = 0; t0 < T; t0 += chunk) {
     const int64_t n = std::min(chunk, T - t0);
     const int64_t visible_max = std::min(n_keys, (p0 + t0 + n) / ratio);
@@ -577,8 +675,20 @@ void CudaBackend::indexer_select(const float* q, const float* wts, int64_t T, in
              dim, keys, key_format, n_keys, ratio, p0 + t0, deepseek(), score.get());
       DSV4_CUDA_LAUNCHED("indexer_select (scores)");
     }
-    select_top_k(stream_, score.get(), n, n_keys, ratio, p0 + t0, k, parts, survivors.get(), idx + t0 * k);
+    select_top_k(stream_, score.get(), n, n_keys, ratio, p0 + t0, k, by_threshold ? &th : nullptr, idx + t0 * k);
   }
+}
+
+uint32_t* CudaBackend::topk_histograms(int64_t queries) {
+  if (queries > topk_hist_queries_) {
+    if (topk_hist_) DSV4_CUDA_CHECK(cudaFreeAsync(topk_hist_, stream_));
+    topk_hist_ = nullptr;
+    const size_t bytes = size_t(queries * kHistWords) * sizeof(uint32_t);
+    DSV4_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&topk_hist_), bytes, stream_));
+    DSV4_CUDA_CHECK(cudaMemsetAsync(topk_hist_, 0, bytes, stream_));
+    topk_hist_queries_ = queries;
+  }
+  return topk_hist_;
 }
 
 }  // namespace dsv4::cuda

@@ -76,6 +76,7 @@ CudaBackend::~CudaBackend() {
   for (auto& [key, table] : tables_) cudaFree(table);
   if (cyclic_ids_) cudaFree(cyclic_ids_);
   if (part_arrivals_) cudaFree(part_arrivals_);
+  if (topk_hist_) cudaFree(topk_hist_);
   cudaStreamDestroy(stream_);
 }
 

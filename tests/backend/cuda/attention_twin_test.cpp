@@ -175,6 +175,7 @@ struct IndexerCase {
   int64_t T, heads, dim, p0, k;
   bool duplicate_keys = false;  // every key twice: exact ties in any numerics
   bool compact = false;         // keys packed as FP4
+  bool one_key = false;         // every key the same: all tie
 };
 
 TEST(CudaTwin, IndexerSelect) {
@@ -191,20 +192,24 @@ TEST(CudaTwin, IndexerSelect) {
       {5, 2, 32, 300, 16, true, true},      // compact keys with ties
       {2, 64, 128, 40000, 512, false, true},  // V4-Flash indexer heads over 10 000 compact keys
       {3, 17, 64, 3000, 64, false, true},     // compact keys: a partial tile of 16 heads, two 32-dim blocks
-      // Decode splits a query's keys into parts of 8 192 (bf16 scores in deepseek tie across parts).
-      {1, 8, 128, 279999, 512, false, true},  // 70 000 compact keys: 8 full parts and one of 4 464
-      {2, 8, 64, 262542, 512},                // 65 636 keys: the last part holds 99 and 100, fewer than k
-      {2, 4, 64, 262146, 512, true},          // 65 536 and 65 537 keys: t = 0 leaves the ninth part empty
+      // Few queries over more than 8 192 keys find a threshold bin over the whole GPU (bf16 scores in
+      // deepseek tie within a bin; fp32 scores in plain share bins).
+      {1, 8, 128, 279999, 512, false, true},  // 70 000 compact keys
+      {2, 8, 64, 262542, 512},                // 65 636 keys
+      {2, 4, 64, 32770, 512, true},           // 8 192 and 8 193 keys with ties: just past the path's start
       {2, 2, 32, 280002, 512, true, true},    // 70 001 compact keys with ties
-      {1, 8, 128, 1048575, 512, false, true}, // 262 144 compact keys (1M tokens): 32 parts
+      {1, 8, 128, 1048575, 512, false, true}, // 262 144 compact keys (1M tokens)
       {2, 4, 64, 1048574, 512, true},         // 262 143 and 262 144 keys with ties
+      {1, 4, 64, 40000, 512, false, false, true},  // 10 000 equal keys: the bin overflows its list
+      {2, 4, 64, 40000, 64, false, true, true},    // the same, compact
       {128, 2, 32, 39872, 512},               // 10 000 keys, enough queries to keep one block each
-      {1, 2, 32, 79999, 2048},                // 20 000 keys, k too large for parts: one block
+      {1, 2, 32, 79999, 2048},                // 20 000 keys, k too large for the threshold path: one block
   };
   for (const IndexerCase& c : cases) {
     const std::string name = "indexer_select T" + std::to_string(c.T) + " H" + std::to_string(c.heads) + " d" +
                              std::to_string(c.dim) + " p" + std::to_string(c.p0) + " k" + std::to_string(c.k) +
-                             (c.duplicate_keys ? " ties" : "") + (c.compact ? " compact" : "");
+                             (c.duplicate_keys ? " ties" : "") + (c.compact ? " compact" : "") +
+                             (c.one_key ? " one key" : "");
     const int64_t n_keys = (c.p0 + c.T) / 4;
     const RowFormat key_format = c.compact ? RowFormat::index_key(StateLayout::compact, int32_t(c.dim))
                                            : RowFormat::plain(int32_t(c.dim));
@@ -213,6 +218,8 @@ TEST(CudaTwin, IndexerSelect) {
     std::vector<float> keys = c.compact ? packed_rows(name + ".keys", key_format, std::max<int64_t>(1, n_keys))
                                         : random_bf16(name + ".keys", size_t(std::max<int64_t>(1, n_keys) * c.dim));
     const int64_t stride = key_format.stride;
+    if (c.one_key)
+      for (int64_t w = 1; w < n_keys; ++w) std::copy(keys.begin(), keys.begin() + stride, keys.begin() + w * stride);
     if (c.duplicate_keys)
       for (int64_t w = 1; w < n_keys; w += 2)
         std::copy(keys.begin() + (w - 1) * stride, keys.begin() + w * stride, keys.begin() + w * stride);
