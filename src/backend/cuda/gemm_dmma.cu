@@ -155,7 +155,7 @@ struct Staged {
 template <int kFormat>
 __device__ __forceinline__ void load_step(Staged<kFormat>& st, const GemmRequest& p, const LinearView& W,
                                           const int64_t* src_of, int64_t n0, int64_t k0, bool x_vec, bool w_vec) {
-  constexpr int kBits = Staged<kFormat>::kBits, kWords = Staged<kFormat>::kWords;
+  constexpr int kBits = Staged<kFormat>::kBits;
   const int r = threadIdx.x / 2;
   const int64_t K = p.W.in, k = k0 + 16 * (threadIdx.x % 2), s = src_of[r], n = n0 + r;
   const bool inside = k + 16 <= K;
