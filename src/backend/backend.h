@@ -76,6 +76,11 @@ class Backend {
   // Device memory still free for weights, state and activations, in bytes. 0 for a backend that
   // works in host memory and maps the weights in place (the CPU: the OS pages them in).
   virtual size_t device_memory_free() const { return 0; }
+  // Seconds the host has spent waiting for the device to finish queued work (in the synchronizing
+  // copies) since the backend was made: a decode step's time less this is the host's own, which
+  // bounds the step when the device is faster than the host can queue work (dsv4 bench). Zero for
+  // a backend that computes on the host.
+  virtual double host_wait_seconds() const { return 0.0; }
 
   // ---- memory ----------------------------------------------------------------------------------
   virtual float* alloc(size_t n_floats) = 0;

@@ -81,6 +81,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override;
   std::string name() const override { return "cuda"; }
   size_t device_memory_free() const override;
+  double host_wait_seconds() const override { return host_wait_s_; }
 
   float* alloc(size_t n_floats) override;
   void release(float* p) override;
@@ -211,8 +212,8 @@ class CudaBackend final : public Backend {
   // The GEMV's arrival counts when it splits K (gemm.cu): one per output block of a grid of fewer
   // than 2·sm_count_ of them, zero between products.
   unsigned* part_arrivals_ = nullptr;
-  // The indexer top-k's histograms of few queries over many keys (indexer.cu): 65 536 counts per
-  // query, zero between selections (each clears what it counted); grown on demand, as
+  // The indexer top-k's histograms of few queries over many keys (indexer.cu): 65 536 + 256 counts
+  // per query, zero between selections (each clears what it counted); grown on demand, as
   // gemm_scratch is. At most 127 queries take that path: 32 MiB.
   uint32_t* topk_histograms(int64_t queries);
   uint32_t* topk_hist_ = nullptr;
@@ -220,6 +221,9 @@ class CudaBackend final : public Backend {
   std::unordered_map<const void*, int> shared_memory_kernels_;  // kernel → dynamic bytes allowed
 
   cudaStream_t stream_ = nullptr;
+  // Waits for the stream's queued work, adding the time to host_wait_s_.
+  void synchronize();
+  double host_wait_s_ = 0;
   int* pack_inexact_ = nullptr;  // mapped host flag: pack_rows met a value its format cannot hold
   std::unordered_map<const void*, std::pair<void*, size_t>> uploads_;  // host address → (device copy, bytes)
   std::map<std::pair<const void*, int64_t>, LinearView*> tables_;  // (&experts[0].w? or &W, groups) → views

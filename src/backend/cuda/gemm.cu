@@ -516,7 +516,7 @@ void CudaBackend::embed(const model::Linear& table, const int32_t* tokens, int64
   if (T == 0) return;
   std::vector<int32_t> ids(static_cast<size_t>(T));
   DSV4_CUDA_CHECK(cudaMemcpyAsync(ids.data(), tokens, size_t(T) * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
-  DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  synchronize();
   for (int32_t id : ids)
     if (id < 0 || id >= table.out)
       fail_check(__FILE__, __LINE__, "tokens[t] in [0, vocab)",

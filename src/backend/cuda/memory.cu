@@ -8,6 +8,7 @@
 // memory back to the driver at every synchronisation, so each decode step (which synchronises
 // to read its logits) paid for mapping its buffers afresh.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "backend/cuda/cuda.h"
@@ -155,7 +156,7 @@ void CudaBackend::fill(float* dst, float value, size_t n) {
 void CudaBackend::to_host(float* host_dst, const float* src, size_t n) {
   if (n == 0) return;
   DSV4_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
-  DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  synchronize();
   profile_ = profile_requested();  // a caller may switch it on between forward passes
   const bool inexact = *pack_inexact_ != 0;
   *pack_inexact_ = 0;
@@ -170,18 +171,24 @@ void CudaBackend::pack_rows(const RowFormat& f, const float* rows, int64_t n, fl
   DSV4_CUDA_LAUNCHED("pack_rows");
 }
 
+void CudaBackend::synchronize() {
+  const auto t0 = std::chrono::steady_clock::now();
+  DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  host_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 // Synchronous: the caller may free host_src as soon as this returns.
 void CudaBackend::from_host(float* dst, const float* host_src, size_t n) {
   if (n == 0) return;
   DSV4_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, n * sizeof(float), cudaMemcpyHostToDevice, stream_));
-  DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  synchronize();
 }
 
 // Synchronous: the caller may free host_src as soon as this returns.
 void CudaBackend::ids_from_host(int32_t* dst, const int32_t* host_src, size_t n) {
   if (n == 0) return;
   DSV4_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
-  DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  synchronize();
 }
 
 // ---- weights ------------------------------------------------------------------------------------
@@ -194,7 +201,7 @@ const void* CudaBackend::upload(const void* host, size_t bytes) {
   auto it = uploads_.find(host);
   if (it != uploads_.end()) {
     if (it->second.second == bytes) return it->second.first;
-    DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));  // queued kernels may still read the old copy
+    synchronize();  // queued kernels may still read the old copy
     DSV4_CUDA_CHECK(cudaFree(it->second.first));
     uploads_.erase(it);
   }
@@ -263,7 +270,7 @@ const LinearView* CudaBackend::device_views(std::pair<const void*, int64_t> key,
   DSV4_CUDA_CHECK(cudaMalloc(&dev, views.size() * sizeof(LinearView)));
   tables_[key] = dev;
   DSV4_CUDA_CHECK(cudaMemcpyAsync(dev, views.data(), views.size() * sizeof(LinearView), cudaMemcpyHostToDevice, stream_));
-  DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));  // `views` is about to go away
+  synchronize();  // `views` is about to go away
   return dev;
 }
 
