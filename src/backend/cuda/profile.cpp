@@ -27,10 +27,11 @@ std::string op_class(const std::string& weight) {
 }  // namespace
 
 CudaBackend::Timed::Timed(CudaBackend& b, const char* op, const std::string& detail, double bytes)
-    : b_(b), name_(detail.empty() ? op : fmt::format("{} {}", op, op_class(detail))), bytes_(bytes),
-      active_(b.profile_ && b.profile_depth_ == 0), uploads_before_(b.uploads_.size() + b.tables_.size()) {
+    : b_(b), bytes_(bytes), active_(b.profile_ && b.profile_depth_ == 0),
+      uploads_before_(b.uploads_.size() + b.tables_.size()) {
   ++b_.profile_depth_;
-  if (!active_) return;
+  if (!active_) return;  // (every op makes one: nothing to format unless it is timed)
+  name_ = detail.empty() ? std::string(op) : fmt::format("{} {}", op, op_class(detail));
   if (!b_.profile_events_[0]) {
     DSV4_CUDA_CHECK(cudaEventCreate(&b_.profile_events_[0]));
     DSV4_CUDA_CHECK(cudaEventCreate(&b_.profile_events_[1]));
