@@ -17,6 +17,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -73,6 +74,35 @@ class DeviceArray {
  private:
   cudaStream_t stream_;
   T* p_ = nullptr;
+};
+
+// Device memory kept between calls for reuse, grown on demand: a request for more than it holds
+// frees the old block (in stream order, after the work queued on it) and allocates at least twice
+// its size, zero-filled. Work in stream order can share it: one call's contents are dead when the
+// next is queued.
+class GrownBuffer {
+ public:
+  GrownBuffer() = default;
+  ~GrownBuffer() {
+    if (p_) cudaFree(p_);  // at teardown: errors are dropped
+  }
+  GrownBuffer(const GrownBuffer&) = delete;
+  GrownBuffer& operator=(const GrownBuffer&) = delete;
+  // At least `bytes` bytes, 256-byte aligned.
+  void* get(cudaStream_t stream, size_t bytes) {
+    if (bytes > bytes_) {
+      if (p_) DSV4_CUDA_CHECK(cudaFreeAsync(p_, stream));
+      p_ = nullptr;
+      bytes_ = std::max(bytes, 2 * bytes_);
+      DSV4_CUDA_CHECK(cudaMallocAsync(&p_, bytes_, stream));
+      DSV4_CUDA_CHECK(cudaMemsetAsync(p_, 0, bytes_, stream));
+    }
+    return p_;
+  }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
 };
 
 class CudaBackend final : public Backend {
@@ -182,7 +212,7 @@ class CudaBackend final : public Backend {
   const LinearView* device_views(std::pair<const void*, int64_t> key, const std::vector<LinearView>& views);
   // n ids cycling through 0 … period − 1 (the grouped product's view of each row), kept and grown.
   const int32_t* cyclic_ids(int64_t period, int64_t n);
-  int32_t* cyclic_ids_ = nullptr;
+  GrownBuffer cyclic_ids_;
   int64_t cyclic_period_ = 0, cyclic_n_ = 0;
 
   // Attention of T ≤ kFewQueries queries on the FP64 tensor cores (attention.cu): logits, softmax,
@@ -195,11 +225,9 @@ class CudaBackend final : public Backend {
   // error naming W otherwise.
   void require_quantizable(const model::Linear& W, Compute compute) const;
   // The scratch of the GEMM in flight (its quantized activations and the FP64 path's grouping of
-  // rows by expert, in disjoint parts): one buffer, grown on demand and reused by every GEMM (they
-  // run in stream order), instead of allocations and frees per product.
-  float* gemm_scratch(size_t n_floats);
-  float* gemm_scratch_ = nullptr;
-  size_t gemm_scratch_size_ = 0;
+  // rows by expert, in disjoint parts): one buffer reused by every GEMM (they run in stream
+  // order), instead of allocations and frees per product.
+  GrownBuffer gemm_scratch_;
   // The clamped SwiGLU FFN (moe.cu) over T rows: out = w2(h), h = silu(min(g, L))·clamp(u, ±L)·w
   // with g, u from w1, w3 (§3.6). up/gate carry x and the weights; down.y receives the output.
   void expert_ffn(GemmRequest gate, GemmRequest up, GemmRequest down, const float* row_weights, double limit);
@@ -212,12 +240,10 @@ class CudaBackend final : public Backend {
   // The GEMV's arrival counts when it splits K (gemm.cu): one per output block of a grid of fewer
   // than 2·sm_count_ of them, zero between products.
   unsigned* part_arrivals_ = nullptr;
-  // The indexer top-k's histograms of few queries over many keys (indexer.cu): 65 536 + 256 counts
-  // per query, zero between selections (each clears what it counted); grown on demand, as
-  // gemm_scratch is. At most 127 queries take that path: 32 MiB.
-  uint32_t* topk_histograms(int64_t queries);
-  uint32_t* topk_hist_ = nullptr;
-  int64_t topk_hist_queries_ = 0;
+  // The indexer top-k's threshold path (indexer.cu), kept between selections: per query of a
+  // decode step its key counts (zero between selections: each clears what it counted), its
+  // threshold and its listed keys. At most 127 queries take that path: 37 MiB.
+  GrownBuffer topk_scratch_;
   std::unordered_map<const void*, int> shared_memory_kernels_;  // kernel → dynamic bytes allowed
 
   cudaStream_t stream_ = nullptr;

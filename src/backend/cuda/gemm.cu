@@ -385,16 +385,6 @@ LinearKernel linear_kernel_for(int format, bool tiled, int nt) {
 
 }  // namespace
 
-float* CudaBackend::gemm_scratch(size_t n) {
-  if (n > gemm_scratch_size_) {
-    if (gemm_scratch_) DSV4_CUDA_CHECK(cudaFreeAsync(gemm_scratch_, stream_));
-    gemm_scratch_ = nullptr;
-    gemm_scratch_size_ = std::max(n, 2 * gemm_scratch_size_);
-    DSV4_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&gemm_scratch_), gemm_scratch_size_ * sizeof(float), stream_));
-  }
-  return gemm_scratch_;
-}
-
 void CudaBackend::gemm(const GemmRequest& r) {
   if (r.T == 0 || r.rows == 0) return;
   const LinearView& W = r.W;
@@ -427,7 +417,8 @@ void CudaBackend::gemm(const GemmRequest& r) {
   if (!dmma && !tiled && !r.table)
     P = std::clamp<int64_t>(2 * sm_count_ / (groups * row_blocks), 1, std::max<int64_t>(1, n_chunks / (32 * split)));
   const size_t n_parts = P > 1 ? size_t(2 * P * r.T * r.rows) : 0;  // doubles
-  float* scratch = gemm_scratch(n_qx + n_sx + std::max(n_grouping, n_parts));
+  float* scratch =
+      static_cast<float*>(gemm_scratch_.get(stream_, (n_qx + n_sx + std::max(n_grouping, n_parts)) * sizeof(float)));
   GemmRequest prepared = r;  // quantized: x becomes the e4m3 activations in scratch
   const float* sx = nullptr;
   if (tiled) {

@@ -599,16 +599,28 @@ struct ThresholdScratch {
   int64_t tie_room;
 };
 
-// The top k of n queries' scores into idx.
-void select_top_k(cudaStream_t stream, const float* score, int64_t n, int64_t n_keys, int64_t ratio, int64_t p0,
-                  int64_t k, const ThresholdScratch* th, int32_t* idx) {
+// The threshold path's scratch for n queries in `buffer` (kept between selections, zero when new:
+// the counts stay zero between selections), in parts of 256-byte multiples.
+ThresholdScratch threshold_scratch(GrownBuffer& buffer, cudaStream_t stream, int64_t n, int64_t k) {
+  auto round_up = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
+  const size_t hist_bytes = round_up(size_t(n * kHistWords) * sizeof(uint32_t));
+  const size_t threshold_bytes = round_up(size_t(n) * sizeof(TopKThreshold));
+  const size_t listed_bytes = size_t(n * kMaxTopK) * sizeof(uint64_t);  // k above and kMaxTopK − k ties per query
+  auto* base = static_cast<unsigned char*>(buffer.get(stream, hist_bytes + threshold_bytes + listed_bytes));
+  auto* listed = reinterpret_cast<uint64_t*>(base + hist_bytes + threshold_bytes);
+  return {reinterpret_cast<TopKThreshold*>(base + hist_bytes), listed, listed + n * k,
+          reinterpret_cast<uint32_t*>(base), kMaxTopK - k};
+}
+
+// The top k of n queries' scores into idx (the last query sees visible_max keys).
+void select_top_k(cudaStream_t stream, const float* score, int64_t n, int64_t n_keys, int64_t visible_max,
+                  int64_t ratio, int64_t p0, int64_t k, const ThresholdScratch* th, int32_t* idx) {
   if (!th) {
     launch(indexer_topk_kernel, unsigned(n), kSelectThreads, 0, stream, score, n_keys, ratio, p0, k, idx);
     DSV4_CUDA_LAUNCHED("indexer_select (top-k)");
     return;
   }
   constexpr int kKeysPerBlock = 2048, kThreads = 256;  // the gather's
-  const int64_t visible_max = std::min(n_keys, (p0 + n) / ratio);
   const dim3 hist_grid(unsigned(std::max<int64_t>(1, (visible_max + kHistKeys - 1) / kHistKeys)), unsigned(n));
   launch(topk_histogram_kernel, hist_grid, kHistThreads, kHistBytes, stream, score, n_keys, ratio, p0, th->hist);
   DSV4_CUDA_LAUNCHED("indexer_select (top-k histogram)");
@@ -654,11 +666,8 @@ void CudaBackend::indexer_select(const float* q, const float* wts, int64_t T, in
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(T, kScoreScratch / n_keys));
   DeviceArray<float> score(stream_, size_t(chunk * n_keys));
   const bool by_threshold = threshold_path(T, std::min(n_keys, (p0 + T) / ratio), k);
-  const int64_t tie_room = kMaxTopK - k;
-  DeviceArray<TopKThreshold> thresholds(stream_, by_threshold ? size_t(chunk) : 0);
-  DeviceArray<uint64_t> listed(stream_, by_threshold ? size_t(chunk * (k + tie_room)) : 0);
-  const ThresholdScratch th{thresholds.get(), listed.get(), listed.get() + chunk * k,
-                            by_threshold ? topk_histograms(chunk) : nullptr, tie_room};
+  const ThresholdScratch th =
+      by_threshold ? threshold_scratch(topk_scratch_, stream_, chunk, k) : ThresholdScratch{};
   if (by_threshold)
     allow_shared_memory(reinterpret_cast<const void*>(topk_histogram_kernel), kHistBytes, "indexer top-k histogram");
   for (int64_t t0 = 0; t0 < T; t0 += chunk) {
@@ -676,20 +685,9 @@ void CudaBackend::indexer_select(const float* q, const float* wts, int64_t T, in
              dim, keys, key_format, n_keys, ratio, p0 + t0, deepseek(), score.get());
       DSV4_CUDA_LAUNCHED("indexer_select (scores)");
     }
-    select_top_k(stream_, score.get(), n, n_keys, ratio, p0 + t0, k, by_threshold ? &th : nullptr, idx + t0 * k);
+    select_top_k(stream_, score.get(), n, n_keys, visible_max, ratio, p0 + t0, k, by_threshold ? &th : nullptr,
+                 idx + t0 * k);
   }
-}
-
-uint32_t* CudaBackend::topk_histograms(int64_t queries) {
-  if (queries > topk_hist_queries_) {
-    if (topk_hist_) DSV4_CUDA_CHECK(cudaFreeAsync(topk_hist_, stream_));
-    topk_hist_ = nullptr;
-    const size_t bytes = size_t(queries * kHistWords) * sizeof(uint32_t);
-    DSV4_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&topk_hist_), bytes, stream_));
-    DSV4_CUDA_CHECK(cudaMemsetAsync(topk_hist_, 0, bytes, stream_));
-    topk_hist_queries_ = queries;
-  }
-  return topk_hist_;
 }
 
 }  // namespace dsv4::cuda

@@ -69,15 +69,12 @@ CudaBackend::~CudaBackend() {
     print_profile();
   } catch (...) {
   }
-  if (gemm_scratch_) cudaFree(gemm_scratch_);
   if (pack_inexact_) cudaFreeHost(pack_inexact_);
   for (cudaEvent_t e : profile_events_)
     if (e) cudaEventDestroy(e);
   for (auto& [host, dev] : uploads_) cudaFree(dev.first);
   for (auto& [key, table] : tables_) cudaFree(table);
-  if (cyclic_ids_) cudaFree(cyclic_ids_);
   if (part_arrivals_) cudaFree(part_arrivals_);
-  if (topk_hist_) cudaFree(topk_hist_);
   cudaStreamDestroy(stream_);
 }
 
@@ -275,16 +272,17 @@ const LinearView* CudaBackend::device_views(std::pair<const void*, int64_t> key,
 }
 
 const int32_t* CudaBackend::cyclic_ids(int64_t period, int64_t n) {
-  if (period != cyclic_period_ || n > cyclic_n_) {
-    if (cyclic_ids_) DSV4_CUDA_CHECK(cudaFreeAsync(cyclic_ids_, stream_));
-    cyclic_ids_ = nullptr;
+  const bool refill = period != cyclic_period_ || n > cyclic_n_;
+  if (refill) {
     cyclic_n_ = std::max(n, period == cyclic_period_ ? 2 * cyclic_n_ : n);
     cyclic_period_ = period;
-    DSV4_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&cyclic_ids_), size_t(cyclic_n_) * sizeof(int32_t), stream_));
-    launch(cyclic_ids_kernel, grid_for(cyclic_n_, 256), 256, 0, stream_, cyclic_ids_, period, cyclic_n_);
+  }
+  int32_t* ids = static_cast<int32_t*>(cyclic_ids_.get(stream_, size_t(cyclic_n_) * sizeof(int32_t)));
+  if (refill) {
+    launch(cyclic_ids_kernel, grid_for(cyclic_n_, 256), 256, 0, stream_, ids, period, cyclic_n_);
     DSV4_CUDA_LAUNCHED("cyclic ids");
   }
-  return cyclic_ids_;
+  return ids;
 }
 
 }  // namespace dsv4::cuda
