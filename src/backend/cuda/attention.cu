@@ -18,15 +18,14 @@
 // Few queries (decode): the heads of a query share its rows (one KV head), so logits = Q·Kᵀ and
 // the output P·V are matrix products with the heads as M, and they run on the FP64 tensor cores
 // (mma.m8n8k4.f64), each decoded row value serving every head of a block. Four kernels:
-//   logits: grid (row tiles, head groups of 16, query); the block's queries in shared memory as
-//     doubles (loaded with 16 loads in flight per lane). The 8 warps are (8/P row groups of 16
-//     rows, as two fragments of 8) × (P dim parts): warp (r, p) takes the 32-dim chunks p, p + P, …
-//     of the product's K, and the P parts' sums of a logit are added in part order through shared
-//     memory (P = 1: stored straight from the fragments) before the scale. The K order within a
-//     chunk is permuted (k-step 4c + u of lane i is dim 16c + 4i + u), so a lane reads 4
-//     consecutive dims of a row with one load and uses them for 4 steps.
-//   softmax: one block per (query, head): the max, the exponentials (rounded for P·V) in place of
-//     the logits, the denominator with the sink.
+//   logits: grid (row tiles of 128, dim parts of 128, query × head groups of 64); the block's
+//     queries (its dims of them) in shared memory as doubles. Warp w takes 16 rows of the tile
+//     against all 64 heads, so each row value it decodes serves 64 heads (16 dmma per 2 values).
+//     The K order within 16 dims is permuted (k-step u of lane i is dim 4i + u), so a lane reads 4
+//     consecutive dims of a row with one load and uses them for 4 steps. Each part's sums go to
+//     global memory; softmax adds the parts in part order before the scale.
+//   softmax: one block per (query, head): the logits from the parts' sums, their max, the
+//     exponentials (rounded for P·V) in place of the logits, the denominator with the sink.
 //   values: grid (row slices of R, dim groups of 32·C, query × head groups of 64); the slice's
 //     probabilities in shared memory as doubles. The 8 warps are (4/C row groups) × (2 warp rows of
 //     32 heads) × (C warp columns of 32 dims); row group k takes the slice's rows 8k … 8k + 7, then
@@ -63,6 +62,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/quant.cuh"
 
 namespace dsv4::cuda {
 
@@ -161,9 +161,22 @@ __device__ inline void row_floats4(const AttnArgs& a, RowRef r, int32_t d0, floa
     row_values4<K>(a.comp.format, r.p, d0, v);
 }
 
-// The same as doubles, zeros for a missing row or dims at or past hd (fragment padding).
+// The same as doubles, zeros for a missing row or dims at or past hd (fragment padding). The e4m3
+// dims of compressed rows go straight to doubles by bit placement and one exact multiplication by
+// their block's exponent (quant.cuh), the same values as code · scale in fp32 (exact: the scale is
+// at least 2^-127) converted, for a third of the instructions.
 template <RowFormat::Kind K>
 __device__ inline void row_doubles4(const AttnArgs& a, RowRef r, int32_t d0, double v[4]) {
+  if constexpr (K == RowFormat::fp8_bf16) {
+    if (r.p && !r.window && d0 < a.comp.format.quant_dims) {
+      const uint8_t* bytes = reinterpret_cast<const uint8_t*>(r.p);
+      const uint32_t codes = *reinterpret_cast<const uint32_t*>(bytes + d0);
+      const double scale = e8m0_placed_scale(bytes[a.comp.format.quant_dims + (d0 >> 6)]);
+#pragma unroll
+      for (int c = 0; c < 4; ++c) v[c] = e4m3_placed((codes >> (8 * c)) & 0xff) * scale;
+      return;
+    }
+  }
   float f[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   if (r.p && d0 < a.hd) row_floats4<K>(a, r, d0, f);
 #pragma unroll
@@ -266,9 +279,10 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a) {
 // ---- few queries (decode): the FP64 tensor cores ------------------------------------------------
 
 constexpr int64_t kDecodeBlocksPerSm = 2;           // launch shapes: the fewest blocks per SM wanted
-constexpr int kLogitHeads = 16;                      // 2 fragments of 8
-constexpr int kLogitRows = 16;                       // per row group (2 fragments of 8)
-constexpr int kLogitSumPitch = 36;                   // doubles per fragment element of a warp's sums (≡ 4 mod 16)
+constexpr int kLogitHeads = 64;                      // per block and per warp: 8 fragments of 8
+constexpr int kLogitRows = 16;                       // per warp (2 fragments of 8)
+constexpr int kLogitDims = 128;                      // per block: one part of the product's K
+constexpr int kLogitPitch = kLogitDims + 1;          // doubles per head in shared memory (odd: see the kernel)
 constexpr int kValueRows = 128;                      // the most rows of a slice (the product's K per block)
 constexpr int kValueHeads = 64;                      // 2 warp rows of 4 fragments of 8
 constexpr int kValueWarpDims = 32;                   // one warp column: 4 fragments of 8 dims
@@ -278,118 +292,85 @@ constexpr int kValueSumPitch = 34;                   // doubles per fragment ele
 
 struct DecodeArgs {
   AttnArgs a;
-  int32_t logit_parts;  // logits: a block's warps are (8 / logit_parts row groups of 16) × (logit_parts dim parts)
+  int32_t logit_parts;  // logits: parts of kLogitDims dims, each summed by its own blocks
   int32_t value_cols;   // values: warp columns of 32 dims (1, 2 or 4); kValueSplit / value_cols row groups
   int64_t value_rows;   // rows per slice: a multiple of 8 · row groups, at most kValueRows
   int64_t slices;       // of value_rows rows
+  double* logit_sums;   // [T, logit_parts, H, n_max]: the parts' sums of the logits
   float* logits;        // [T, H, n_max]: logits, then probabilities
   double* den;          // [T, H]
   double* partial;      // [T, slices, H, hd]
 };
 
-// Dims of the logits product: hd rounded up to the 32 dims of one iteration; the query rows' pitch
-// in shared memory is one more (odd: a fragment read touches every bank pair twice).
-__host__ __device__ inline int64_t logit_dims(int64_t hd) { return (hd + 31) / 32 * 32; }
-
-// Block (row tile, head group of 16, query): warp w takes the rows 16·(w / parts) … + 15 of the
-// tile and the 32-dim chunks part, part + parts, … (part = w % parts) of the product's K.
-// (3 blocks per SM, what the queries' shared memory allows at hd = 512: left to itself, ptxas held
-// the fp8 instantiation to 64 registers and spilled.)
+// Block (row tile of 8 · 16 rows, dim part, query × head group of 64): the part's kLogitDims dims
+// of the group's queries in shared memory as doubles, then warp w takes the tile's rows 16w … 16w
+// + 15 against every head of the group, 16 dims per iteration: each row value it decodes serves
+// 64 heads. The K order within 16 dims is permuted (k-step u of lane i is dim 4i + u), so a lane
+// reads 4 consecutive dims of a row with one load and uses them for 4 steps. The part's sums go to
+// logit_sums; softmax adds the parts in order.
+// (Before: blocks of 16 heads, 4 per query, each decoding every row again and converting every
+// value from float: 47.8 µs for an HCA layer's 8 320 rows at 1M context on an H200, IPC 1.9.)
 template <RowFormat::Kind K>
-__global__ void __launch_bounds__(kAttnThreads, 3) decode_logits_kernel(DecodeArgs s) {
+__global__ void __launch_bounds__(kAttnThreads, 2) decode_logits_kernel(DecodeArgs s) {
   await_previous_kernel();
-  extern __shared__ double qs[];  // [kLogitHeads][dims + 1], zero past H and hd; then the warps' sums
+  extern __shared__ double qs[];  // [kLogitHeads][kLogitPitch], zero past H and hd
   const AttnArgs& a = s.a;
-  const int parts = s.logit_parts, groups = kAttnWarps / parts;
-  const int64_t t = blockIdx.z, h0 = int64_t(blockIdx.y) * kLogitHeads, hd = a.hd;
-  const int32_t dims = int32_t(logit_dims(hd)), pitch = dims + 1;
+  const int64_t head_groups = (a.H + kLogitHeads - 1) / kLogitHeads, hd = a.hd;
+  const int64_t t = blockIdx.z / head_groups, h0 = blockIdx.z % head_groups * kLogitHeads;
+  const int32_t d_first = int32_t(blockIdx.y) * kLogitDims;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, i = lane % 4;
   const QueryRows rows(a, t);
-  const int64_t j0 = int64_t(blockIdx.x) * kLogitRows * groups;
+  const int64_t j0 = int64_t(blockIdx.x) * kLogitRows * kAttnWarps;
   if (j0 >= rows.n) return;  // (uniform over the block)
-  // The queries: warp w the heads w and w + 8, 16 loads in flight per lane. (No 64-bit divisions:
-  // they were most of the kernel.)
-  static_assert(kLogitHeads == 2 * kAttnWarps);
-  const float* qh[2] = {a.q + (t * a.H + h0 + warp) * hd, a.q + (t * a.H + h0 + warp + 8) * hd};
-  const bool head_in[2] = {h0 + warp < a.H, h0 + warp + 8 < a.H};
-  for (int32_t d = lane; d < dims; d += 32 * 8) {
-    float v[2][8];
+  // The queries: a thread per dim, 8 heads' loads in flight.
+  static_assert(kLogitDims * kLogitHeads % (8 * kAttnThreads) == 0 && kAttnThreads % kLogitDims == 0);
+  for (int base = 0; base < kLogitHeads * kLogitDims; base += 8 * kAttnThreads) {
+    float v[8];
 #pragma unroll
-    for (int m = 0; m < 2; ++m)
+    for (int u = 0; u < 8; ++u) {
+      const int e = base + u * kAttnThreads + threadIdx.x;
+      const int64_t h = h0 + e / kLogitDims, d = d_first + e % kLogitDims;
+      v[u] = h < a.H && d < hd ? a.q[(t * a.H + h) * hd + d] : 0.0f;
+    }
 #pragma unroll
-      for (int u = 0; u < 8; ++u) v[m][u] = head_in[m] && d + 32 * u < hd ? qh[m][d + 32 * u] : 0.0f;
-#pragma unroll
-    for (int m = 0; m < 2; ++m)
-#pragma unroll
-      for (int u = 0; u < 8; ++u)
-        if (d + 32 * u < dims) qs[(warp + 8 * m) * pitch + d + 32 * u] = double(v[m][u]);
-  }
-  __syncthreads();
-  const int part = warp % parts;
-  const int64_t jw = j0 + kLogitRows * (warp / parts);  // this warp's rows
-  double acc[2][2][2] = {};  // [head fragment][row fragment][element]
-  if (jw < rows.n) {
-    const RowRef r[2] = {rows.row(a, t, jw + g), rows.row(a, t, jw + 8 + g)};
-    // 32 dims per iteration, as two permuted 16-dim steps whose 4 row loads are in flight together.
-    for (int32_t d32 = 32 * part; d32 < dims; d32 += 32 * parts) {
-      double b[2][2][4];  // [step][row fragment][value]
-#pragma unroll
-      for (int step = 0; step < 2; ++step)
-#pragma unroll
-        for (int f = 0; f < 2; ++f) row_doubles4<K>(a, r[f], d32 + 16 * step + 4 * i, b[step][f]);
-#pragma unroll
-      for (int step = 0; step < 2; ++step)
-#pragma unroll
-        for (int u = 0; u < 4; ++u)
-#pragma unroll
-          for (int m = 0; m < 2; ++m) {
-            const double q = qs[(8 * m + g) * pitch + d32 + 16 * step + 4 * i + u];
-            dmma(acc[m][0], q, b[step][0][u]);
-            dmma(acc[m][1], q, b[step][1][u]);
-          }
+    for (int u = 0; u < 8; ++u) {
+      const int e = base + u * kAttnThreads + threadIdx.x;
+      qs[e / kLogitDims * kLogitPitch + e % kLogitDims] = double(v[u]);
     }
   }
-  // acc[m][f][c]: head h0 + 8m + g, row jw + 8f + 2i + c.
-  if (parts == 1) {  // (uniform over the block)
-#pragma unroll
-    for (int m = 0; m < 2; ++m)
-#pragma unroll
-      for (int f = 0; f < 2; ++f)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int64_t h = h0 + 8 * m + g, j = jw + 8 * f + 2 * i + c;
-          if (h >= a.H || j >= rows.n) continue;
-          const bool present = rows.row(a, t, j).p != nullptr;
-          s.logits[(t * a.H + h) * a.n_max + j] = present ? float(acc[m][f][c]) * a.softmax_scale : -INFINITY;
-        }
-    return;
-  }
-  // The dim parts' sums, added in part order through shared memory (in place of the queries).
   __syncthreads();
-  double* sums = qs;  // [warp][fragment element (m, f, c)][kLogitSumPitch]
+  const int64_t jw = j0 + kLogitRows * warp;  // this warp's rows
+  if (jw >= rows.n) return;
+  const RowRef r[2] = {rows.row(a, t, jw + g), rows.row(a, t, jw + 8 + g)};
+  double acc[8][2][2] = {};  // [head fragment][row fragment][element]
+  const int32_t d_end = int32_t(min(int64_t(kLogitDims), hd - d_first));
+  for (int32_t d16 = 0; d16 < d_end; d16 += 16) {
+    double b[2][4];  // [row fragment][step]
 #pragma unroll
-  for (int m = 0; m < 2; ++m)
+    for (int f = 0; f < 2; ++f) row_doubles4<K>(a, r[f], d_first + d16 + 4 * i, b[f]);
+    // Head g + 8m's query at dim d16 + 4i + u: rows of an odd pitch, so a fragment's 32 reads
+    // fall on every bank pair twice (two wavefronts, the fewest for 256 bytes).
+    const double* qrow = qs + g * kLogitPitch + d16 + 4 * i;
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int m = 0; m < 8; ++m) {
+        const double q = qrow[8 * m * kLogitPitch + u];
+        dmma(acc[m][0], q, b[0][u]);
+        dmma(acc[m][1], q, b[1][u]);
+      }
+  }
+  // acc[m][f][c]: head h0 + 8m + g, row jw + 8f + 2i + c.
+  double* sums = s.logit_sums + (t * s.logit_parts + blockIdx.y) * a.H * a.n_max;
+#pragma unroll
+  for (int m = 0; m < 8; ++m)
 #pragma unroll
     for (int f = 0; f < 2; ++f)
 #pragma unroll
-      for (int c = 0; c < 2; ++c) sums[(warp * 8 + (m * 2 + f) * 2 + c) * kLogitSumPitch + lane] = acc[m][f][c];
-  __syncthreads();
-  // Warp w: heads w and w + 8 of the group, a lane per row (row jj of the tile is row 8f + 2i + c
-  // of group jj / 16: lane 4g + i of its warps, element (m, f, c)).
-  for (int hh = warp; hh < kLogitHeads; hh += kAttnWarps) {
-    const int64_t h = h0 + hh;
-    if (h >= a.H) break;
-    for (int jj = lane; jj < kLogitRows * groups; jj += 32) {
-      const int64_t j = j0 + jj;
-      if (j >= rows.n) break;
-      const int rg = jj / kLogitRows, f = jj / 8 % 2, c = jj % 2;
-      const double* src = sums + ((rg * parts * 8) + (hh / 8 * 2 + f) * 2 + c) * kLogitSumPitch + 4 * (hh % 8) + jj % 8 / 2;
-      double acc_sum = src[0];
-      for (int p = 1; p < parts; ++p) acc_sum += src[p * 8 * kLogitSumPitch];
-      const bool present = rows.row(a, t, j).p != nullptr;
-      s.logits[(t * a.H + h) * a.n_max + j] = present ? float(acc_sum) * a.softmax_scale : -INFINITY;
-    }
-  }
+      for (int c = 0; c < 2; ++c) {
+        const int64_t h = h0 + 8 * m + g, j = jw + 8 * f + 2 * i + c;
+        if (h < a.H && j < rows.n) sums[h * a.n_max + j] = acc[m][f][c];
+      }
 }
 
 // (1024 threads: one block per (query, head) is few blocks, and each row costs a double exp.)
@@ -403,8 +384,17 @@ __global__ void __launch_bounds__(kSoftmaxThreads) decode_softmax_kernel(DecodeA
   const int64_t t = blockIdx.x, h = blockIdx.y;
   const QueryRows rows(a, t);
   float* p = s.logits + (t * a.H + h) * a.n_max;
+  // The logits: the dim parts' sums added in part order, scaled; −∞ for a skipped selection entry.
+  const double* sums = s.logit_sums + (t * s.logit_parts * a.H + h) * a.n_max;
+  const int64_t part_stride = a.H * a.n_max;
   float mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j < rows.n; j += blockDim.x) mx = fmaxf(mx, p[j]);
+  for (int64_t j = threadIdx.x; j < rows.n; j += blockDim.x) {
+    double sum = sums[j];
+    for (int part = 1; part < s.logit_parts; ++part) sum += sums[part * part_stride + j];
+    const float logit = rows.row(a, t, j).p ? float(sum) * a.softmax_scale : -INFINITY;
+    p[j] = logit;
+    mx = fmaxf(mx, logit);
+  }
   mx = block_max(mx, fscratch);
   double den = 0.0;
   for (int64_t j = threadIdx.x; j < rows.n; j += blockDim.x) {
@@ -566,13 +556,11 @@ void CudaBackend::few_query_attention(const AttnArgs& args, int64_t T) {
   // Launch shapes (see the top): the most work per block that still gives every SM two blocks.
   const auto ceil_div = [](int64_t x, int64_t y) { return (x + y - 1) / y; };
   const int64_t logit_heads = ceil_div(H, kLogitHeads), value_heads = ceil_div(H, kValueHeads);
-  const auto logit_blocks = [&](int parts) { return ceil_div(n_max, kLogitRows * (kAttnWarps / parts)) * logit_heads * T; };
+  const int64_t logit_parts = ceil_div(hd, kLogitDims);
   const auto value_blocks = [&](int cols, int64_t rows) {
     return ceil_div(n_max, rows) * ceil_div(hd, kValueWarpDims * cols) * T * value_heads;
   };
-  int logit_parts = 1;
   const int64_t enough = kDecodeBlocksPerSm * sm_count_;
-  while (logit_parts < kAttnWarps && logit_blocks(logit_parts) < enough) logit_parts *= 2;
   int value_cols = kValueSplit;
   int64_t value_rows = kValueRows;
   if (value_blocks(value_cols, value_rows) < enough) {
@@ -580,11 +568,12 @@ void CudaBackend::few_query_attention(const AttnArgs& args, int64_t T) {
     while (value_rows > 8 * kValueSplit && value_blocks(value_cols, value_rows) < enough) value_rows /= 2;
   }
   const int64_t slices = ceil_div(n_max, value_rows);
+  DeviceArray<double> logit_sums(stream_, size_t(T * logit_parts * H * n_max));
   DeviceArray<float> logits(stream_, size_t(T * H * n_max));
   DeviceArray<double> den(stream_, size_t(T * H)), partial(stream_, size_t(T * slices * H * hd));
-  const DecodeArgs d{args, logit_parts, value_cols, value_rows, slices, logits.get(), den.get(), partial.get()};
-  const size_t logit_smem =
-      size_t(std::max<int64_t>(kLogitHeads * (logit_dims(hd) + 1), kAttnWarps * 8 * kLogitSumPitch)) * sizeof(double);
+  const DecodeArgs d{args, int32_t(logit_parts), value_cols,  value_rows,   slices,
+                     logit_sums.get(), logits.get(),  den.get(), partial.get()};
+  const size_t logit_smem = size_t(kLogitHeads * kLogitPitch) * sizeof(double);
   const size_t value_smem =
       size_t(std::max(kValueHeads * kValuePitch, kAttnWarps * 32 * kValueSumPitch)) * sizeof(double);
   const auto logits_kernel =
@@ -593,8 +582,8 @@ void CudaBackend::few_query_attention(const AttnArgs& args, int64_t T) {
       fp8_rows ? decode_values_kernel<RowFormat::fp8_bf16> : decode_values_kernel<RowFormat::f32>;
   allow_shared_memory(reinterpret_cast<const void*>(logits_kernel), logit_smem, "attention logits");
   allow_shared_memory(reinterpret_cast<const void*>(values_kernel), value_smem, "attention values");
-  const dim3 logit_grid(unsigned(ceil_div(n_max, kLogitRows * (kAttnWarps / logit_parts))), unsigned(logit_heads),
-                        unsigned(T));
+  const dim3 logit_grid(unsigned(ceil_div(n_max, kLogitRows * kAttnWarps)), unsigned(logit_parts),
+                        unsigned(T * logit_heads));
   launch(logits_kernel, logit_grid, kAttnThreads, logit_smem, stream_, d);
   DSV4_CUDA_LAUNCHED("attention (logits)");
   launch(decode_softmax_kernel, dim3(unsigned(T), unsigned(H)), kSoftmaxThreads, 0, stream_, d);

@@ -130,7 +130,7 @@ template <int kFmt, bool kTiled>
 __device__ inline double weight_at(const uint4& w, int e, float scale) {
   if constexpr (kFmt == kFp8) {
     const uint32_t b = (word_of(w, e / 4) >> (8 * (e % 4))) & 0xff;
-    if constexpr (kTiled) return __hiloint2double(int(((b & 0x7f) << 17) | ((b & 0x80) << 24)), 0);
+    if constexpr (kTiled) return e4m3_placed(b);
     else return double(e4m3_to_f32(uint8_t(b)) * scale);
   } else if constexpr (kFmt == kFp4) {
     const uint32_t n = (word_of(w, e / 8) >> (4 * (e % 8))) & 0xf;  // low nibble first (§2.2)

@@ -25,6 +25,18 @@ __device__ inline float fp4_sim(float x, int e) {
   return round_bf16(ldexpf(round_e2m1(v), e));
 }
 
+// An e4m3 code's value times 2^-1016 as a double, by placing its bits in the double's fields: a
+// normal code's exponent and mantissa land in the double's (exponent field 1–15), a subnormal code
+// on a double subnormal, so it is exact (three integer operations; no conversion instruction).
+// The NaN codes 0x7f/0xff, which our quantization never writes, decode as 480 · 2^-1016.
+__device__ __forceinline__ double e4m3_placed(uint32_t code) {
+  return __hiloint2double(int(((code & 0x7f) << 17) | ((code & 0x80) << 24)), 0);
+}
+
+// 2^(e − 127 + 1016) for an E8M0 byte e (2^(e−127)), as a double: what turns e4m3_placed values
+// into the values of a block with that exponent, exactly.
+__device__ __forceinline__ double e8m0_placed_scale(uint32_t e) { return __hiloint2double(int((e + 1912u) << 20), 0); }
+
 // The 2·e2m1 integers (−12 … 12) of 8 nibbles (one 32-bit word of codes, the first in the low
 // nibble) as two words of four int8 (codes 0–3, 4–7): each code's magnitude picked, positive and
 // negated, from byte tables, then one of the two by its sign bit (three byte permutes per four).
