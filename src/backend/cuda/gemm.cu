@@ -218,7 +218,7 @@ __device__ inline bool placeable(const float (&scale)[kRows]) {
 // Phase 2. Grid (row blocks, token groups of kNT); see the top for the work split. With a table,
 // every token row is its own group (kNT = 1) with its own matrix.
 template <int kFmt, bool kTiled, int kNT>
-__global__ void __launch_bounds__(kWarps * 32) linear_kernel(GemmArgs a) {
+__global__ void __launch_bounds__(kWarps * 32, kTiled && kNT == 1 ? 3 : 0) linear_kernel(GemmArgs a) {
   await_previous_kernel();
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int E = chunk_elems(kFmt);
@@ -240,9 +240,26 @@ __global__ void __launch_bounds__(kWarps * 32) linear_kernel(GemmArgs a) {
     }
     W = a.table[v];
   }
+  // Everything per row or per token row that the chunk loop needs, worked out once: the rows'
+  // addresses and scale rows (a row past the end reads as zeros), the activation rows and their
+  // scales. (Inside the loop, the 64-bit index arithmetic and the division by x_div were most of an
+  // FP4 expert product's instructions.)
   const float* xrow[kNT];
+  const float* sx_row[kNT];  // quantized: the token row's activation scales
 #pragma unroll
-  for (int n = 0; n < kNT; ++n) xrow[n] = a.x + ((m0 + min(n, nt - 1)) / a.x_div) * a.x_stride;
+  for (int n = 0; n < kNT; ++n) {
+    const int64_t src = (m0 + min(n, nt - 1)) / a.x_div;
+    xrow[n] = a.x + src * a.x_stride;
+    sx_row[n] = kTiled ? a.sx + src * a.n_k128 : nullptr;
+  }
+  constexpr bool kScaled = kFmt == kFp8 || kFmt == kFp4;
+  // Row r of the warp's four at w_first + r·nb, its scales at s_first + r·s_step (FP8: the four share
+  // a 128-row scale block, as r_base is a multiple of 4).
+  const int64_t nb = row_bytes(kFmt, a.K), o_first = a.row0 + min(r_base, a.rows - 1);
+  const uint8_t* w_first = W.data + o_first * nb;
+  const uint8_t* s_first = kScaled ? scale_row<kFmt>(W, o_first) : nullptr;
+  const int64_t s_step = kFmt == kFp4 ? W.scale_cols * (W.scale_is_f32 ? 4 : 1) : 0;
+  const int rows_in = int(min(int64_t(kRows), a.rows - r_base));  // rows of the four that exist
 
   float* contrib = reinterpret_cast<float*>(smem);  // quantized: [tile][n_seq]
   double dacc[kRows][kNT] = {};                       // double paths: this lane's partial sums
@@ -254,10 +271,11 @@ __global__ void __launch_bounds__(kWarps * 32) linear_kernel(GemmArgs a) {
     uint4 w[kRows];
     float scale[kRows];
     for (int r = 0; r < kRows; ++r) {
-      const bool ok = cv && r_base + r < a.rows;
-      const int64_t o = a.row0 + r_base + r;
-      w[r] = ok ? row_chunk(W, o, c, a.K, a.w_vec) : make_uint4(0, 0, 0, 0);
-      scale[r] = !kTiled && (kFmt == kFp8 || kFmt == kFp4) && ok ? block_scale(W, o, c * E) : 0.0f;
+      const bool ok = cv && r < rows_in;
+      w[r] = ok ? row_chunk(w_first + r * nb, c, nb, a.w_vec) : make_uint4(0, 0, 0, 0);
+      scale[r] = !kTiled && kScaled && ok
+                     ? scale_at(s_first + r * s_step, c * E / (kFmt == kFp8 ? 128 : 32), W.scale_is_f32)
+                     : 0.0f;
     }
 #pragma unroll
     for (int n = 0; n < kNT; ++n) {
@@ -282,11 +300,11 @@ __global__ void __launch_bounds__(kWarps * 32) linear_kernel(GemmArgs a) {
           if constexpr (kFmt == kFp8)  // a 128-tile spans 8 lanes; the exact sum in any order
             for (int off = 1; off < 8; off <<= 1) p += __shfl_xor_sync(kFullMask, p, off);
           const bool writer = kFmt == kFp8 ? lane % 8 == 0 : true;
-          if (writer && cv && r_base + r < a.rows) {
-            const int64_t t = kFmt == kFp8 ? c / 8 : c;
+          if (writer && cv && r < rows_in) {
+            const int64_t t = kFmt == kFp8 ? c / 8 : c;  // the tile, and the column of its weight scale
             const float partial = kFmt == kFp8 ? float(p * 0x1p16) : int_partial[r];
-            const float s_x = a.sx[((m0 + n) / a.x_div) * a.n_k128 + (kFmt == kFp8 ? t : t / 4)];
-            const float s_w = block_scale(W, a.row0 + r_base + r, t * (kFmt == kFp8 ? 128 : 32));
+            const float s_x = sx_row[n][kFmt == kFp8 ? t : t / 4];
+            const float s_w = scale_at(s_first + r * s_step, t, W.scale_is_f32);
             // FP8 kernel: partial · (s_x · s_w); FP4 kernel: (partial · s_x) · s_w (§5).
             contrib[t * n_seq + (gi * kRows + r) * kNT + n] = kFmt == kFp8 ? partial * (s_x * s_w) : (partial * s_x) * s_w;
           }

@@ -32,14 +32,25 @@ __device__ __forceinline__ float stored_value(const LinearView& W, int64_t o, in
   }
 }
 
+// The block scales of stored row o of W: for FP8 the scale row of its 128-row block, for FP4 its own
+// (f32 values when W.scale_is_f32, else E8M0 bytes). A kernel that reads a row chunk by chunk works
+// this out once.
+template <int kFormat = kRuntimeFormat>
+__device__ __forceinline__ const uint8_t* scale_row(const LinearView& W, int64_t o) {
+  const bool fp8 = (kFormat == kRuntimeFormat ? W.format : kFormat) == kFp8;
+  return W.scale + (fp8 ? o / 128 : o) * W.scale_cols * (W.scale_is_f32 ? 4 : 1);
+}
+
+// Scale `col` of a scale row (FP8: of elements [128·col, 128·col + 128); FP4: [32·col, 32·col + 32)).
+__device__ __forceinline__ float scale_at(const uint8_t* row, int64_t col, bool f32) {
+  return f32 ? reinterpret_cast<const float*>(row)[col] : e8m0_to_f32(row[col]);
+}
+
 // The scale of the block holding W[o, i] (FP8: 128×128 blocks; FP4: 1×32).
 template <int kFormat = kRuntimeFormat>
 __device__ __forceinline__ float block_scale(const LinearView& W, int64_t o, int64_t i) {
   const bool fp8 = (kFormat == kRuntimeFormat ? W.format : kFormat) == kFp8;
-  const int64_t r = fp8 ? o / 128 : o;
-  const int64_t c = fp8 ? i / 128 : i / 32;
-  if (W.scale_is_f32) return reinterpret_cast<const float*>(W.scale)[r * W.scale_cols + c];
-  return e8m0_to_f32(W.scale[r * W.scale_cols + c]);
+  return scale_at(scale_row<kFormat>(W, o), fp8 ? i / 128 : i / 32, W.scale_is_f32);
 }
 
 // The dequantized weight, as the CPU's decode_row(scaled = true): value · scale in fp32.
@@ -78,13 +89,18 @@ __device__ __forceinline__ void row_words(const uint8_t* row, int64_t first, int
     if (first + b < end) w[b / 4] |= uint32_t(p[b]) << (8 * (b % 4));
 }
 
-// Chunk c (16 bytes) of stored row o of W, whose rows hold K elements (see row_words; vec: the
-// rows allow 16-byte loads).
+// Chunk c (16 bytes) of a stored row of nb bytes at `row` (see row_words; vec: the rows allow
+// 16-byte loads).
+__device__ __forceinline__ uint4 row_chunk(const uint8_t* row, int64_t c, int64_t nb, bool vec) {
+  uint32_t w[4];
+  row_words(row, c * 16, nb, vec, w);
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Chunk c of stored row o of W, whose rows hold K elements.
 __device__ inline uint4 row_chunk(const LinearView& W, int64_t o, int64_t c, int64_t K, bool vec) {
   const int64_t nb = row_bytes(W.format, K);
-  uint32_t w[4];
-  row_words(W.data + o * nb, c * 16, nb, vec, w);
-  return make_uint4(w[0], w[1], w[2], w[3]);
+  return row_chunk(W.data + o * nb, c, nb, vec);
 }
 
 }  // namespace dsv4::cuda
