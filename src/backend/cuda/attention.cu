@@ -293,6 +293,7 @@ constexpr int kValueSumPitch = 34;                   // doubles per fragment ele
 struct DecodeArgs {
   AttnArgs a;
   int32_t logit_parts;  // logits: parts of kLogitDims dims, each summed by its own blocks
+  int32_t logit_split;  // logits: a block's warps are (8 / split row groups of 16) × (split dim parts)
   int32_t value_cols;   // values: warp columns of 32 dims (1, 2 or 4); kValueSplit / value_cols row groups
   int64_t value_rows;   // rows per slice: a multiple of 8 · row groups, at most kValueRows
   int64_t slices;       // of value_rows rows
@@ -302,25 +303,28 @@ struct DecodeArgs {
   double* partial;      // [T, slices, H, hd]
 };
 
-// Block (row tile of 8 · 16 rows, dim part, query × head group of 64): the part's kLogitDims dims
-// of the group's queries in shared memory as doubles, then warp w takes the tile's rows 16w … 16w
-// + 15 against every head of the group, 16 dims per iteration: each row value it decodes serves
+// Block (row tile, dim part of kLogitDims, query × head group of 64): the part's dims of the
+// group's queries in shared memory as doubles. The 8 warps are (8/S row groups of 16 rows) × (S
+// dim splits): warp (r, p) takes rows 16r … 16r + 15 of the tile against every head of the group,
+// over the p-th 1/S of the part's dims, 16 dims per iteration, so each row value it decodes serves
 // 64 heads. The K order within 16 dims is permuted (k-step u of lane i is dim 4i + u), so a lane
-// reads 4 consecutive dims of a row with one load and uses them for 4 steps. The part's sums go to
-// logit_sums; softmax adds the parts in order.
+// reads 4 consecutive dims of a row with one load and uses them for 4 steps. The S splits' sums
+// are added in split order through shared memory (S = 1: stored straight from the fragments);
+// each part's go to logit_sums, and softmax adds the parts in order.
 // (Before: blocks of 16 heads, 4 per query, each decoding every row again and converting every
 // value from float: 47.8 µs for an HCA layer's 8 320 rows at 1M context on an H200, IPC 1.9.)
 template <RowFormat::Kind K>
 __global__ void __launch_bounds__(kAttnThreads, 2) decode_logits_kernel(DecodeArgs s) {
   await_previous_kernel();
-  extern __shared__ double qs[];  // [kLogitHeads][kLogitPitch], zero past H and hd
+  extern __shared__ double qs[];  // [kLogitHeads][kLogitPitch], zero past H and hd; then the splits' sums
   const AttnArgs& a = s.a;
+  const int split = s.logit_split, groups = kAttnWarps / split;
   const int64_t head_groups = (a.H + kLogitHeads - 1) / kLogitHeads, hd = a.hd;
   const int64_t t = blockIdx.z / head_groups, h0 = blockIdx.z % head_groups * kLogitHeads;
   const int32_t d_first = int32_t(blockIdx.y) * kLogitDims;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, i = lane % 4;
   const QueryRows rows(a, t);
-  const int64_t j0 = int64_t(blockIdx.x) * kLogitRows * kAttnWarps;
+  const int64_t j0 = int64_t(blockIdx.x) * kLogitRows * groups;
   if (j0 >= rows.n) return;  // (uniform over the block)
   // The queries: a thread per dim, 8 heads' loads in flight.
   static_assert(kLogitDims * kLogitHeads % (8 * kAttnThreads) == 0 && kAttnThreads % kLogitDims == 0);
@@ -339,38 +343,52 @@ __global__ void __launch_bounds__(kAttnThreads, 2) decode_logits_kernel(DecodeAr
     }
   }
   __syncthreads();
-  const int64_t jw = j0 + kLogitRows * warp;  // this warp's rows
-  if (jw >= rows.n) return;
-  const RowRef r[2] = {rows.row(a, t, jw + g), rows.row(a, t, jw + 8 + g)};
+  const int64_t jw = j0 + kLogitRows * (warp / split);  // this warp's rows
+  const int32_t split_dims = kLogitDims / split, d_lo = split_dims * (warp % split);
+  const int32_t d_hi = int32_t(min(int64_t(d_lo + split_dims), hd - d_first));
   double acc[8][2][2] = {};  // [head fragment][row fragment][element]
-  const int32_t d_end = int32_t(min(int64_t(kLogitDims), hd - d_first));
-  for (int32_t d16 = 0; d16 < d_end; d16 += 16) {
-    double b[2][4];  // [row fragment][step]
+  if (jw < rows.n) {
+    const RowRef r[2] = {rows.row(a, t, jw + g), rows.row(a, t, jw + 8 + g)};
+    for (int32_t d16 = d_lo; d16 < d_hi; d16 += 16) {
+      double b[2][4];  // [row fragment][step]
 #pragma unroll
-    for (int f = 0; f < 2; ++f) row_doubles4<K>(a, r[f], d_first + d16 + 4 * i, b[f]);
-    // Head g + 8m's query at dim d16 + 4i + u: rows of an odd pitch, so a fragment's 32 reads
-    // fall on every bank pair twice (two wavefronts, the fewest for 256 bytes).
-    const double* qrow = qs + g * kLogitPitch + d16 + 4 * i;
+      for (int f = 0; f < 2; ++f) row_doubles4<K>(a, r[f], d_first + d16 + 4 * i, b[f]);
+      // Head g + 8m's query at dim d16 + 4i + u: rows of an odd pitch, so a fragment's 32 reads
+      // fall on every bank pair twice (two wavefronts, the fewest for 256 bytes).
+      const double* qrow = qs + g * kLogitPitch + d16 + 4 * i;
 #pragma unroll
-    for (int u = 0; u < 4; ++u)
+      for (int u = 0; u < 4; ++u)
 #pragma unroll
-      for (int m = 0; m < 8; ++m) {
-        const double q = qrow[8 * m * kLogitPitch + u];
-        dmma(acc[m][0], q, b[0][u]);
-        dmma(acc[m][1], q, b[1][u]);
-      }
+        for (int m = 0; m < 8; ++m) {
+          const double q = qrow[8 * m * kLogitPitch + u];
+          dmma(acc[m][0], q, b[0][u]);
+          dmma(acc[m][1], q, b[1][u]);
+        }
+    }
   }
-  // acc[m][f][c]: head h0 + 8m + g, row jw + 8f + 2i + c.
+  // acc[m][f][c]: head h0 + 8m + g, row jw + 8f + 2i + c; element (m, f, c) is e = 4m + 2f + c.
   double* sums = s.logit_sums + (t * s.logit_parts + blockIdx.y) * a.H * a.n_max;
+  auto store = [&](int64_t jg, int e, int l, double v) {  // row group's first row jg, element e of lane l
+    const int64_t h = h0 + 8 * (e / 4) + l / 4, j = jg + 8 * (e / 2 % 2) + 2 * (l % 4) + e % 2;
+    if (h < a.H && j < rows.n) sums[h * a.n_max + j] = v;
+  };
+  if (split == 1) {  // (uniform over the block)
 #pragma unroll
-  for (int m = 0; m < 8; ++m)
+    for (int e = 0; e < 32; ++e) store(jw, e, lane, acc[e / 4][e / 2 % 2][e % 2]);
+    return;
+  }
+  __syncthreads();  // every warp is done with the queries: their memory takes the sums
+  double* part = qs;  // [warp][element][lane]
 #pragma unroll
-    for (int f = 0; f < 2; ++f)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int64_t h = h0 + 8 * m + g, j = jw + 8 * f + 2 * i + c;
-        if (h < a.H && j < rows.n) sums[h * a.n_max + j] = acc[m][f][c];
-      }
+  for (int e = 0; e < 32; ++e) part[(warp * 32 + e) * 32 + lane] = acc[e / 4][e / 2 % 2][e % 2];
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < groups * 32 * 32; idx += kAttnThreads) {
+    const int rg = idx / 1024, e = idx / 32 % 32, l = idx % 32;
+    const double* src = part + (rg * split * 32 + e) * 32 + l;
+    double sum = src[0];
+    for (int p = 1; p < split; ++p) sum += src[p * 32 * 32];
+    store(j0 + kLogitRows * rg, e, l, sum);
+  }
 }
 
 // (1024 threads: one block per (query, head) is few blocks, and each row costs a double exp.)
@@ -557,6 +575,11 @@ void CudaBackend::few_query_attention(const AttnArgs& args, int64_t T) {
   const auto ceil_div = [](int64_t x, int64_t y) { return (x + y - 1) / y; };
   const int64_t logit_heads = ceil_div(H, kLogitHeads), value_heads = ceil_div(H, kValueHeads);
   const int64_t logit_parts = ceil_div(hd, kLogitDims);
+  // The logits' split: the fewest row groups' dim splits that still give every SM a block.
+  int logit_split = 1;
+  while (logit_split < kAttnWarps &&
+         ceil_div(n_max, kLogitRows * (kAttnWarps / logit_split)) * logit_parts * T * logit_heads < sm_count_)
+    logit_split *= 2;
   const auto value_blocks = [&](int cols, int64_t rows) {
     return ceil_div(n_max, rows) * ceil_div(hd, kValueWarpDims * cols) * T * value_heads;
   };
@@ -571,9 +594,9 @@ void CudaBackend::few_query_attention(const AttnArgs& args, int64_t T) {
   DeviceArray<double> logit_sums(stream_, size_t(T * logit_parts * H * n_max));
   DeviceArray<float> logits(stream_, size_t(T * H * n_max));
   DeviceArray<double> den(stream_, size_t(T * H)), partial(stream_, size_t(T * slices * H * hd));
-  const DecodeArgs d{args, int32_t(logit_parts), value_cols,  value_rows,   slices,
-                     logit_sums.get(), logits.get(),  den.get(), partial.get()};
-  const size_t logit_smem = size_t(kLogitHeads * kLogitPitch) * sizeof(double);
+  const DecodeArgs d{args,       int32_t(logit_parts), logit_split,   value_cols, value_rows,
+                     slices,     logit_sums.get(),     logits.get(),  den.get(),  partial.get()};
+  const size_t logit_smem = size_t(std::max(kLogitHeads * kLogitPitch, kAttnWarps * 32 * 32)) * sizeof(double);
   const size_t value_smem =
       size_t(std::max(kValueHeads * kValuePitch, kAttnWarps * 32 * kValueSumPitch)) * sizeof(double);
   const auto logits_kernel =
@@ -582,7 +605,7 @@ void CudaBackend::few_query_attention(const AttnArgs& args, int64_t T) {
       fp8_rows ? decode_values_kernel<RowFormat::fp8_bf16> : decode_values_kernel<RowFormat::f32>;
   allow_shared_memory(reinterpret_cast<const void*>(logits_kernel), logit_smem, "attention logits");
   allow_shared_memory(reinterpret_cast<const void*>(values_kernel), value_smem, "attention values");
-  const dim3 logit_grid(unsigned(ceil_div(n_max, kLogitRows * kAttnWarps)), unsigned(logit_parts),
+  const dim3 logit_grid(unsigned(ceil_div(n_max, kLogitRows * (kAttnWarps / logit_split))), unsigned(logit_parts),
                         unsigned(T * logit_heads));
   launch(logits_kernel, logit_grid, kAttnThreads, logit_smem, stream_, d);
   DSV4_CUDA_LAUNCHED("attention (logits)");

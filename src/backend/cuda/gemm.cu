@@ -218,7 +218,7 @@ __device__ inline bool placeable(const float (&scale)[kRows]) {
 // Phase 2. Grid (row blocks, token groups of kNT); see the top for the work split. With a table,
 // every token row is its own group (kNT = 1) with its own matrix.
 template <int kFmt, bool kTiled, int kNT>
-__global__ void __launch_bounds__(kWarps * 32, kTiled && kNT == 1 ? 3 : 0) linear_kernel(GemmArgs a) {
+__global__ void __launch_bounds__(kWarps * 32, kNT == 1 ? 3 : 0) linear_kernel(GemmArgs a) {
   await_previous_kernel();
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int E = chunk_elems(kFmt);
