@@ -17,7 +17,7 @@
 //
 // Few queries (decode): the heads of a query share its rows (one KV head), so logits = Q·Kᵀ and
 // the output P·V are matrix products with the heads as M, and they run on the FP64 tensor cores
-// (mma.m8n8k4.f64), each decoded row value serving every head of a block. Four kernels:
+// (mma.m16n8k4.f64), each decoded row value serving every head of a block. Four kernels:
 //   logits: grid (row tiles of 128, dim parts of 128, query × head groups of 64); the block's
 //     queries (its dims of them) in shared memory as doubles. Warp w takes 16 rows of the tile
 //     against all 64 heads, so each row value it decodes serves 64 heads (16 dmma per 2 values).
@@ -359,10 +359,10 @@ __global__ void __launch_bounds__(kAttnThreads, 2) decode_logits_kernel(DecodeAr
 #pragma unroll
       for (int u = 0; u < 4; ++u)
 #pragma unroll
-        for (int m = 0; m < 8; ++m) {
-          const double q = qrow[8 * m * kLogitPitch + u];
-          dmma(acc[m][0], q, b[0][u]);
-          dmma(acc[m][1], q, b[1][u]);
+        for (int m = 0; m < 8; m += 2) {
+          const double q0 = qrow[8 * m * kLogitPitch + u], q1 = qrow[8 * (m + 1) * kLogitPitch + u];
+          dmma(acc[m][0], acc[m + 1][0], q0, q1, b[0][u]);
+          dmma(acc[m][1], acc[m + 1][1], q0, q1, b[1][u]);
         }
     }
   }
@@ -477,10 +477,11 @@ __global__ void __launch_bounds__(kAttnThreads) decode_values_kernel(DecodeArgs 
 #pragma unroll
       for (int step = 0; step < 2; ++step)
 #pragma unroll
-        for (int m = 0; m < 4; ++m) {
-          const double pa = ps[(32 * wm + 8 * m + g) * kValuePitch + jj + 4 * step + i];
+        for (int m = 0; m < 4; m += 2) {
+          const double p0 = ps[(32 * wm + 8 * m + g) * kValuePitch + jj + 4 * step + i],
+                       p1 = ps[(32 * wm + 8 * (m + 1) + g) * kValuePitch + jj + 4 * step + i];
 #pragma unroll
-          for (int f = 0; f < 4; ++f) dmma(acc[m][f], pa, b[step][f]);
+          for (int f = 0; f < 4; ++f) dmma(acc[m][f], acc[m + 1][f], p0, p1, b[step][f]);
         }
     }
   // acc[m][f][c]: head h0 + 32·wm + 8m + g, column 2i + c of dim fragment f = dim d_base + 4(2i + c) + f.

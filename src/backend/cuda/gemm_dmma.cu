@@ -5,8 +5,8 @@
 // FP64 tiling: a block of 4 warps computes 64 token rows × 64 output rows, stepping K by 32. Each
 // step stages both operands in shared memory as doubles (the e4m3 / bf16 / fp32 values converted
 // exactly; each thread's share of the next step is loaded into registers while this step's
-// products run), then every warp runs mma.m8n8k4.f64 over its 32 × 32 quarter (4 × 4 fragments of
-// 8 × 8). In the quantized path the double fragments hold one K tile of 128 and are folded into
+// products run), then every warp runs mma.m16n8k4.f64 over its 32 × 32 quarter (4 × 4 fragments of
+// 8 × 8, two per instruction). In the quantized path the double fragments hold one K tile of 128 and are folded into
 // fp32 accumulators at each tile's end, in increasing K: partial · (s_x · s_w), exactly as the CPU
 // does. The integer path (imma_fp4_kernel) is described where it starts.
 //
@@ -30,7 +30,8 @@ constexpr int kPitch = kBK + 4;
 
 // Visits the 4 × 4 fragments of 8 × 8 (two elements each) that a lane holds of its warp's 32 × 32
 // quarter at (wm, wn): f(i, j, c, row, col) for d[i][j][c], at (row, col) of the block's tile (the
-// accumulator layout of mma.m8n8k4: lane = 4 · fg + ft holds row fg, columns 2 · ft and 2 · ft + 1).
+// accumulator layout of an 8 × 8 half of mma.m16n8k4: lane = 4 · fg + ft holds row fg, columns 2 · ft and
+// 2 · ft + 1).
 // col is 64-bit like the output columns it is added to (in 32 bits the FP4 kernel takes 16 more
 // registers).
 template <class F>
@@ -249,9 +250,9 @@ __global__ void __launch_bounds__(kThreads, kTiled ? 3 : 4) dmma_kernel(DmmaArgs
 #pragma unroll
       for (int j = 0; j < 4; ++j) b[j] = Bs[wn + j * 8 + fg][kk + ft];
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
+      for (int i = 0; i < 4; i += 2)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) dmma(d[i][j], a[i], b[j]);
+        for (int j = 0; j < 4; ++j) dmma(d[i][j], d[i + 1][j], a[i], a[i + 1], b[j]);
     }
     __syncthreads();
 
