@@ -86,11 +86,22 @@ __device__ inline void for_each_element(const T* a, int64_t n, F f) {
 // a1 = A[g + 8][i], b = B[i][g], d0 = D[g][2i], D[g][2i + 1] and d1 = D[g + 8][2i], D[g + 8][2i + 1].
 // Products of fp32 values (or narrower) are exact in double, so the result is a double sum in
 // another order. (On Hopper the 16 × 8 × 4 shape runs at twice the rate of mma.m8n8k4, which
-// reaches only half the FP64 tensor-core peak: measured on an H200, bench/results.)
+// reaches only half the FP64 tensor-core peak: 33 against 67 TFLOP/s on an H200,
+// bench/cuda/dmma_rate.cu.)
+// Before sm_90 (no f64 m16n8k4) it is the two 8 × 8 × 4 steps.
 __device__ __forceinline__ void dmma(double (&d0)[2], double (&d1)[2], double a0, double a1, double b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("mma.sync.aligned.m16n8k4.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"
                : "+d"(d0[0]), "+d"(d0[1]), "+d"(d1[0]), "+d"(d1[1])
                : "d"(a0), "d"(a1), "d"(b));
+#else
+  asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};"
+               : "+d"(d0[0]), "+d"(d0[1])
+               : "d"(a0), "d"(b));
+  asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};"
+               : "+d"(d1[0]), "+d"(d1[1])
+               : "d"(a1), "d"(b));
+#endif
 }
 
 // c = a·b, one 16 × 8 × 32 step of a warp on the integer tensor cores (mma.m16n8k32, exact int32
