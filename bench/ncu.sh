@@ -4,7 +4,10 @@
 #
 #   bench/ncu.sh times REGEX [BENCH ARGS...]       the duration of every launch of a kernel whose
 #                                                  name matches REGEX: the last LAST (24) launches,
-#                                                  then the total per kernel
+#                                                  the total per kernel, and when REGEX matches
+#                                                  embed_kernel (e.g. '.'), the total per kernel of
+#                                                  the last forward pass (a decoded token: the
+#                                                  launches from the last embed on)
 #   bench/ncu.sh full REGEX SKIP [BENCH ARGS...]   ncu's full sections for one launch: the one after
 #                                                  the first SKIP matching REGEX (matched against
 #                                                  the demangled name, template arguments included,
@@ -51,6 +54,16 @@ for r in rows:
 print("per kernel, all launches:")
 for name, t in sorted(total.items(), key=lambda x: -x[1]):
     print(f"  {name:64s} {count[name]:6d} launches {t:12.1f} us")
+starts = [i for i, r in enumerate(rows) if "embed_kernel" in r["Kernel Name"]]
+if starts:
+    step, total, count = rows[starts[-1]:], collections.defaultdict(float), collections.Counter()
+    for r in step:
+        name = r["Kernel Name"].split("(")[0][-64:]
+        total[name] += us(r)
+        count[name] += 1
+    print(f"per kernel, the last forward pass: {len(step)} launches, {sum(total.values()):.1f} us")
+    for name, t in sorted(total.items(), key=lambda x: -x[1]):
+        print(f"  {name:64s} {count[name]:6d} launches {t:12.1f} us")
 PY
     ;;
   full)
