@@ -18,12 +18,13 @@
 // Few queries (decode): the heads of a query share its rows (one KV head), so logits = Q·Kᵀ and
 // the output P·V are matrix products with the heads as M, and they run on the FP64 tensor cores
 // (mma.m16n8k4.f64), each decoded row value serving every head of a block. Four kernels:
-//   logits: grid (row tiles of 128, dim parts of 128, query × head groups of 64); the block's
-//     queries (its dims of them) in shared memory as doubles. Warp w takes 16 rows of the tile
-//     against all 64 heads, so each row value it decodes serves 64 heads (16 dmma per 2 values).
-//     The K order within 16 dims is permuted (k-step u of lane i is dim 4i + u), so a lane reads 4
-//     consecutive dims of a row with one load and uses them for 4 steps. Each part's sums go to
-//     global memory; softmax adds the parts in part order before the scale.
+//   logits: grid (row tiles, dim parts of 128, query × head groups of 64); the block's queries
+//     (its dims of them) in shared memory as doubles. The 8 warps are (8/S row groups of 16 rows) ×
+//     (S splits of the part's dims); each warp takes its 16 rows against all 64 heads, so each row
+//     value it decodes serves 64 heads (16 dmma per 2 values). The K order within 16 dims is
+//     permuted (k-step u of lane i is dim 4i + u), so a lane reads 4 consecutive dims of a row with
+//     one load and uses them for 4 steps. The splits' sums are added in split order through shared
+//     memory; each part's go to global memory, and softmax adds the parts in part order.
 //   softmax: one block per (query, head): the logits from the parts' sums, their max, the
 //     exponentials (rounded for P·V) in place of the logits, the denominator with the sink.
 //   values: grid (row slices of R, dim groups of 32·C, query × head groups of 64); the slice's
@@ -32,19 +33,21 @@
 //     those 32/C further on, and so on, and the groups' sums are added in group order through shared
 //     memory (C = 4: stored straight from the fragments). One partial sum per slice.
 //   combine: the slices' partial sums (in a fixed order), divided by the denominator.
-// The host picks P, and C and R (C = 4, R = 128; else C = 1, R = 128, 64 or 32), from the rows and
-// the SM count: the most work per block that still gives every SM two blocks. The shape with
-// most work per block, P = 1, C = 4, R = 128 (each warp walks 16 rows × all dims of logits, or
-// 128 rows of values), ran 4 blocks of logits and of values for the 128-row sliding window of
+// The host picks S, and C and R (C = 4, R = 128; else C = 1, R = 128, 64 or 32), from the rows and
+// the SM count: the most work per block that still gives every SM a block (logits) or two
+// (values). The shape with most work per block (each warp walking 16 rows × all dims of logits,
+// or 128 rows of values) ran 4 blocks of logits and of values for the 128-row sliding window of
 // V4-Flash (64 heads of 512: 18.6 and 24.2 µs on an H200), 20 of each for a CSA layer's 640 rows
 // (49 and 30 µs) and 260 for an HCA layer's ~8 300 rows at 1M context (0.16 ms for the four
 // kernels): too few blocks, each warp a long chain of loads waiting on memory. Split over dim
-// parts and row groups (ncu, 85d4276): 128 rows run 32 blocks of logits (P = 8) and 64 of values
-// (R = 32), 5.9 and 6.7 µs; 640 rows 160 and 320 (R = 32), 11.4 and 13.8 µs; 8 320 rows 520
-// (P = 2) and 1 040 (C = 1), 53 and 49 µs (117 µs for the four kernels). Splitting the rows inside
-// a block rather than into more slices keeps the partial sums (H·hd doubles per slice, written
-// and read again by combine) from outgrowing the rows read. Every split only regroups double sums
-// of exact products (see above).
+// parts and row groups (ncu, 85d4276; logits then in blocks of 16 heads): 128 rows ran 32 blocks
+// of logits and 64 of values (R = 32), 5.9 and 6.7 µs; 640 rows 160 and 320 (R = 32), 11.4 and
+// 13.8 µs; 8 320 rows 520 and 1 040 (C = 1), 53 and 49 µs (117 µs for the four kernels). With
+// every head per warp and m16n8k4 (acf4135, ncu at 1M): 8 320 rows 31.0 µs of logits (S = 1, 260
+// blocks) and 40.6 of values, 640 rows 11.0 and 13.2, 128 rows ≈ 7.8 µs of logits (S = 8).
+// Splitting the rows inside a block rather than into more slices keeps the partial sums (H·hd
+// doubles per slice, written and read again by combine) from outgrowing the rows read. Every split
+// only regroups double sums of exact products (see above).
 // (One block per (query, head) with one warp per row, as before, re-decoded every row once per
 // head in double: 1.2 ms per HCA layer at 1M context on an H200.)
 //

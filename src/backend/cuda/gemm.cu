@@ -410,7 +410,11 @@ void CudaBackend::gemm(const GemmRequest& r) {
   const bool tiled = deepseek() && r.compute == Compute::quantized;
   DSV4_CUDA_REQUIRE(!tiled || W.format == kFp8 || W.format == kFp4, "linear: quantized compute needs FP8/FP4 weights");
 
-  const bool dmma = r.table ? r.T >= kDmmaMinRowsPerExpert * r.n_views : r.T >= kDmmaMinRows;
+  // The decode kernel reads FP8 rows 4 at a time under one 128-row scale block, which holds when
+  // row0 is a multiple of 4 (every product of the model); any other row0 takes the tensor-core
+  // kernel, which reads each row's scale.
+  const bool dmma = (r.table ? r.T >= kDmmaMinRowsPerExpert * r.n_views : r.T >= kDmmaMinRows) ||
+                    (W.format == kFp8 && r.row0 % 4 != 0);
   const bool round_out = deepseek() && r.compute != Compute::f32;
   const int64_t n_src = (r.T + r.x_div - 1) / r.x_div, n_k128 = (K + 127) / 128;
   // One scratch buffer, in parts that are live together: the quantized activations, their scales

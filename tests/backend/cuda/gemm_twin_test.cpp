@@ -60,10 +60,11 @@ TEST(CudaTwin, LinearAllFormatsAndSizes) {
 // The grouped wo_a product (Backend::grouped_linear): rows [g·R, (g+1)·R) of W against a column
 // slice of x, written into a column slice of y. The CPU runs one linear per group (the
 // definition); the GPU one launch of the decode kernel with a view of W per group (T < 4), or one
-// product per group (T ≥ 4, and FP8 groups that split a 128-row scale block: R = 24, 32).
+// product per group (T ≥ 4, and FP8 groups that split a 128-row scale block: R = 24, 32; R = 6
+// starts groups at rows that are not multiples of 4, one of them straddling rows 126–129).
 TEST(CudaTwin, GroupedLinear) {
   DSV4_REQUIRE_GPU();
-  for (auto [G, R, in_g] : {std::tuple{2, 24, 64}, {8, 32, 96}, {4, 128, 256}}) {
+  for (auto [G, R, in_g] : {std::tuple{2, 24, 64}, {8, 32, 96}, {4, 128, 256}, {22, 6, 32}}) {
     for (int64_t T : {1, 3, 5, 77}) {
       for (auto [f, compute] : {std::pair{WeightFormat::bf16, Compute::bf16}, {WeightFormat::fp8, Compute::bf16},
                                 {WeightFormat::fp8, Compute::quantized}}) {
