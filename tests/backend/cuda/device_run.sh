@@ -5,6 +5,8 @@
 #
 #   tests/backend/cuda/device_run.sh [DEBS_DIR] [CTEST_REGEX]
 #
+# bench/h200_session.sh wraps this with the standard benches and ncu breakdowns, packed in one file.
+#
 # BENCH="ARGS;ARGS;…": afterwards also build dsv4 and run `dsv4 bench ARGS` for each entry (its
 # output in $OUT/bench.log; --json paths are relative to the repository root). Set DSV4_COMMIT to
 # the commit being run: the device tool's copy of the tree may carry stale git metadata (seen
