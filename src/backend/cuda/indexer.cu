@@ -106,9 +106,6 @@ constexpr int kFp4WordStride = kFp4MaxDim / 4 + 4;
 // on distinct banks (136 halves = 68 words ≡ 4 mod 32 … per head pair 8), the head sums read rows.
 constexpr int kFp4TermStride = kFp4KeysPerBlock + 8;
 
-// The high word of 2^(e + bias) as a double (its low word is zero).
-__device__ inline uint32_t pow2_high(int e, int bias) { return uint32_t(e + bias) << 20; }
-
 // double(i), exactly, on the FP64 pipe (2^52 + 2^31 + i is exact) instead of the slower conversion unit.
 __device__ inline double int_to_double(int i) {
   return __hiloint2double(0x43300000, i ^ int(0x80000000)) - 4503601774854144.0;  // − (2^52 + 2^31)
@@ -590,7 +587,7 @@ bool threshold_path(int64_t T, int64_t visible_max, int64_t k) {
   return T < kQueriesFillingGpu && visible_max > kManyKeys && 4 * k <= kMaxTopK;
 }
 
-// Scratch of the threshold path for n queries: their thresholds, then their listed keys.
+// Scratch of the threshold path for n queries: their key counts, thresholds and listed keys.
 struct ThresholdScratch {
   TopKThreshold* threshold;
   uint64_t* above;  // [n, k]

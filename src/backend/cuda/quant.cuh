@@ -33,9 +33,15 @@ __device__ __forceinline__ double e4m3_placed(uint32_t code) {
   return __hiloint2double(int(((code & 0x7f) << 17) | ((code & 0x80) << 24)), 0);
 }
 
+// The high word of the double 2^(e + bias) (its low word is zero); high words of two powers of two
+// add to that of their product when one bias is 1023 and the other 0.
+__device__ __forceinline__ uint32_t pow2_high(int e, int bias) { return uint32_t(e + bias) << 20; }
+
 // 2^(e − 127 + 1016) for an E8M0 byte e (2^(e−127)), as a double: what turns e4m3_placed values
 // into the values of a block with that exponent, exactly.
-__device__ __forceinline__ double e8m0_placed_scale(uint32_t e) { return __hiloint2double(int((e + 1912u) << 20), 0); }
+__device__ __forceinline__ double e8m0_placed_scale(uint32_t e) {
+  return __hiloint2double(int(pow2_high(int(e) - 127, 1016 + 1023)), 0);
+}
 
 // The 2·e2m1 integers (−12 … 12) of 8 nibbles (one 32-bit word of codes, the first in the low
 // nibble) as two words of four int8 (codes 0–3, 4–7): each code's magnitude picked, positive and
