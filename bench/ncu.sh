@@ -46,24 +46,19 @@ print(f"{len(rows)} launches profiled; the last {min(last, len(rows))}:")
 us = lambda r: float(r["Metric Value"].replace(",", "")) / (1000 if r["Metric Unit"] == "ns" else 1)
 for r in rows[-last:]:
     print(f'  {r["Kernel Name"][:64]:64s} {r["Grid Size"]:>14s} {r["Block Size"]:>12s} {us(r):10.1f} us')
-total, count = collections.defaultdict(float), collections.Counter()
-for r in rows:
-    name = r["Kernel Name"].split("(")[0][-64:]
-    total[name] += us(r)
-    count[name] += 1
-print("per kernel, all launches:")
-for name, t in sorted(total.items(), key=lambda x: -x[1]):
-    print(f"  {name:64s} {count[name]:6d} launches {t:12.1f} us")
-starts = [i for i, r in enumerate(rows) if "embed_kernel" in r["Kernel Name"]]
-if starts:
-    step, total, count = rows[starts[-1]:], collections.defaultdict(float), collections.Counter()
-    for r in step:
+def per_kernel(title, launches):
+    total, count = collections.defaultdict(float), collections.Counter()
+    for r in launches:
         name = r["Kernel Name"].split("(")[0][-64:]
         total[name] += us(r)
         count[name] += 1
-    print(f"per kernel, the last forward pass: {len(step)} launches, {sum(total.values()):.1f} us")
+    print(f"per kernel, {title}: {len(launches)} launches, {sum(total.values()):.1f} us")
     for name, t in sorted(total.items(), key=lambda x: -x[1]):
         print(f"  {name:64s} {count[name]:6d} launches {t:12.1f} us")
+per_kernel("all launches", rows)
+starts = [i for i, r in enumerate(rows) if "embed_kernel" in r["Kernel Name"]]
+if starts:
+    per_kernel("the last forward pass", rows[starts[-1]:])
 PY
     ;;
   full)
