@@ -4,11 +4,12 @@
 #
 #   DSV4_COMMIT=<commit> bench/h200_session.sh DEBS_DIR [28] [ncu]
 #
-# 1. the CUDA twins and engine tests (device_run.sh); if any output differs or a test fails, stop;
-# 2. dsv4 bench, 4 V4-Flash layers: 4K prefill, decode at 4K and 1M (--fill-state), and with "28"
-#    also 28 layers at 4K and 1M (about 100 s more, most of it making the weights);
-# 3. with "ncu": the last decoded token's per-kernel GPU time at 4K and at 1M (bench/ncu.sh times);
-# 4. everything in $OUT packed into $OUT/run.tgz (the device tool returns only a few files).
+# 1. device_run.sh: the CUDA twins and engine tests, then, only if every output came back
+#    bit-exact, dsv4 bench with 4 V4-Flash layers (4K prefill, decode at 4K and 1M with
+#    --fill-state) and with "28" also 28 layers at 4K and 1M (about 100 s more, most of it making
+#    the weights); if the twins did not all pass, stop;
+# 2. with "ncu": the last decoded token's per-kernel GPU time at 4K and at 1M (bench/ncu.sh times);
+# 3. everything in $OUT packed into $OUT/run.tgz (the device tool returns only a few files).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 debs=${1:?the directory of the carried .debs}
@@ -18,22 +19,13 @@ out=${OUT:?the folder the device tool returns}
 pack() { (cd "$out" && tar czf /tmp/run.tgz . && find . -type f -delete && mv /tmp/run.tgz "$out/"); }
 trap pack EXIT
 
-TEST_TIMEOUT=${TEST_TIMEOUT:-420} bash tests/backend/cuda/device_run.sh "$debs" >"$out/device_run.log" 2>&1
+B="--synthetic v4-flash --device cuda --contexts 4096,1048544 --fill-state --decode-tokens 32"
+BENCH="$B --layers 4 --prompt-lens 4096 --json $out/bench.jsonl"
+[[ " $* " == *" 28 "* ]] && BENCH+=";$B --layers 28 --prompt-lens none --json $out/bench.jsonl"
+BENCH="$BENCH" TEST_TIMEOUT=${TEST_TIMEOUT:-420} bash tests/backend/cuda/device_run.sh "$debs" >"$out/device_run.log" 2>&1
 status=$?
-grep -E "twin outputs|PASSED|FAILED" "$out/device_run.log"
-if [ "$status" != 0 ] || grep -E '^\[ twin ' "$out/test.log" | grep -qv 'bit-exact\|identical$'; then
-  grep -E '^\[ twin ' "$out/test.log" | grep -v 'bit-exact\|identical$' | head -20
-  echo "stopped: the twins did not all pass"
-  exit 1
-fi
-export LD_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-cmake --build build --target dsv4 >>"$out/build.log" 2>&1 || { echo "building dsv4 failed"; exit 1; }
-bench() { echo "dsv4 bench $*"; timeout 300 build/dsv4 bench "$@" 2>&1 | grep -E "decode at|^ +[0-9]"; }
-B=(--synthetic v4-flash --device cuda --contexts 4096,1048544 --fill-state --decode-tokens 32)
-{
-  bench "${B[@]}" --layers 4 --prompt-lens 4096 --json "$out/bench.jsonl"
-  [[ " $* " == *" 28 "* ]] && bench "${B[@]}" --layers 28 --prompt-lens none --json "$out/bench.jsonl"
-} | tee "$out/bench.txt"
+grep -E "twin outputs|PASSED|FAILED|bench skipped|decode at|^ +[0-9]" "$out/device_run.log"
+[ "$status" = 0 ] || { echo "stopped: device_run.sh exited $status"; exit 1; }
 if [[ " $* " == *" ncu "* ]]; then
   for ctx in 4096 1048544; do
     LAST=0 OUT="$out" bash bench/ncu.sh times '.' --synthetic v4-flash --layers 4 --device cuda --prompt-lens none \
