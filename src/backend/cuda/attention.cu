@@ -169,14 +169,15 @@ __device__ inline void row_floats4(const AttnArgs& a, RowRef r, int32_t d0, floa
 // their block's exponent (quant.cuh), the same values as code · scale in fp32 (exact: the scale is
 // at least 2^-127) converted, for a third of the instructions.
 template <RowFormat::Kind K>
-__device__ inline void row_doubles4(const AttnArgs& a, RowRef r, int32_t d0, double v[4]) {
+__device__ inline void row_doubles4(const AttnArgs& a, RowRef r, int32_t d0, double (&v)[4]) {
   if constexpr (K == RowFormat::fp8_bf16) {
     if (r.p && !r.window && d0 < a.comp.format.quant_dims) {
       const uint8_t* bytes = reinterpret_cast<const uint8_t*>(r.p);
       const uint32_t codes = *reinterpret_cast<const uint32_t*>(bytes + d0);
       const double scale = e8m0_placed_scale(bytes[a.comp.format.quant_dims + (d0 >> 6)]);
+      e4m3x4_placed(codes, v);
 #pragma unroll
-      for (int c = 0; c < 4; ++c) v[c] = e4m3_placed((codes >> (8 * c)) & 0xff) * scale;
+      for (int c = 0; c < 4; ++c) v[c] *= scale;
       return;
     }
   }

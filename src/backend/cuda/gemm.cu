@@ -114,32 +114,48 @@ struct GemmArgs {
 
 __device__ inline uint32_t word_of(const uint4& v, int k) { return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w; }
 
-// x[k0 .. k0+4) of one activation row (zeros past K or for an absent chunk).
-__device__ inline void load_x4(const GemmArgs& a, const float* xr, int64_t k0, bool valid, float (&v)[4]) {
-  if (valid && a.x_vec && k0 + 4 <= a.K) {
-    const float4 f = __ldg(reinterpret_cast<const float4*>(xr + k0));
-    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+// The E elements of x (one activation row) that chunk c of a weight row meets: 16-byte loads when
+// they lie inside the row, else one by one with zeros past K or for an absent chunk. (One branch
+// per chunk: a branch and 64-bit address arithmetic per 4 elements were a tenth of the FP8 loop.)
+template <int E>
+__device__ inline void load_x_chunk(const GemmArgs& a, const float* xr, int64_t c, bool valid, float (&v)[E]) {
+  const int64_t k0 = c * E;
+  if (valid && a.x_vec && k0 + E <= a.K) {
+    const float4* p = reinterpret_cast<const float4*>(xr + k0);
+#pragma unroll
+    for (int q = 0; q < E / 4; ++q) {
+      const float4 f = __ldg(p + q);
+      v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
+    }
     return;
   }
-  for (int i = 0; i < 4; ++i) v[i] = valid && k0 + i < a.K ? xr[k0 + i] : 0.0f;
+#pragma unroll
+  for (int i = 0; i < E; ++i) v[i] = valid && k0 + i < a.K ? xr[k0 + i] : 0.0f;
 }
 
-// Element e of a chunk as a double. Quantized: the unscaled e4m3 / e2m1 value times 2^-1016 /
-// 2^-1022 by bit placement (see the top). Otherwise the CPU's fp32 dequantized value.
-template <int kFmt, bool kTiled>
-__device__ inline double weight_at(const uint4& w, int e, float scale) {
-  if constexpr (kFmt == kFp8) {
-    const uint32_t b = (word_of(w, e / 4) >> (8 * (e % 4))) & 0xff;
-    if constexpr (kTiled) return e4m3_placed(b);
-    else return double(e4m3_to_f32(uint8_t(b)) * scale);
-  } else if constexpr (kFmt == kFp4) {
-    const uint32_t n = (word_of(w, e / 8) >> (4 * (e % 8))) & 0xf;  // low nibble first (§2.2)
-    static_assert(!kTiled, "quantized FP4 products take the integer path (fp4_tile_partials)");
-    return double(e2m1_to_f32(uint8_t(n)) * scale);
-  } else if constexpr (kFmt == kBf16) {
-    return double(__uint_as_float(((word_of(w, e / 2) >> (16 * (e % 2))) & 0xffff) << 16));
-  } else {
-    return double(__uint_as_float(word_of(w, e)));
+// Elements 4q … 4q+3 of a chunk as doubles. kPlaced (FP8): the unscaled e4m3 values times
+// 2^-1016 by bit placement (see the top). Otherwise the CPU's fp32 dequantized values.
+template <int kFmt, bool kPlaced>
+__device__ inline void weights4_at(const uint4& w, int q, float scale, double (&v)[4]) {
+  static_assert(!kPlaced || kFmt == kFp8, "bit placement is for e4m3 codes");
+  static_assert(!(kFmt == kFp4 && kPlaced), "quantized FP4 products take the integer path (fp4_tile_partials)");
+  if constexpr (kPlaced) {
+    e4m3x4_placed(word_of(w, q), v);
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int e = 4 * q + i;
+    if constexpr (kFmt == kFp8) {
+      v[i] = double(e4m3_to_f32(uint8_t(word_of(w, q) >> (8 * i))) * scale);
+    } else if constexpr (kFmt == kFp4) {
+      const uint32_t n = (word_of(w, e / 8) >> (4 * (e % 8))) & 0xf;  // low nibble first (§2.2)
+      v[i] = double(e2m1_to_f32(uint8_t(n)) * scale);
+    } else if constexpr (kFmt == kBf16) {
+      v[i] = double(__uint_as_float(((word_of(w, e / 2) >> (16 * (e % 2))) & 0xffff) << 16));
+    } else {
+      v[i] = double(__uint_as_float(word_of(w, e)));
+    }
   }
 }
 
@@ -154,12 +170,14 @@ __device__ inline int dp4a_signed_unsigned(uint32_t a, uint32_t b, int c) {
 template <int kRowsT>
 __device__ inline void fp4_tile_partials(const uint32_t* planes, int64_t c, bool valid, const uint4 (&w)[kRowsT],
                                          float (&partial)[kRowsT]) {
-  uint32_t xp[24];  // [group of 4 elements][plane]
-  const uint4* src = reinterpret_cast<const uint4*>(planes + 24 * c);
+  uint32_t xp[24] = {};  // [group of 4 elements][plane]
+  if (valid) {  // one branch: loads predicated one by one each recomputed their address
+    const uint4* src = reinterpret_cast<const uint4*>(planes) + 6 * c;
 #pragma unroll
-  for (int i = 0; i < 6; ++i) {
-    const uint4 v = valid ? __ldg(src + i) : make_uint4(0, 0, 0, 0);
-    xp[4 * i] = v.x, xp[4 * i + 1] = v.y, xp[4 * i + 2] = v.z, xp[4 * i + 3] = v.w;
+    for (int i = 0; i < 6; ++i) {
+      const uint4 v = __ldg(src + i);
+      xp[4 * i] = v.x, xp[4 * i + 1] = v.y, xp[4 * i + 2] = v.z, xp[4 * i + 3] = v.w;
+    }
   }
 #pragma unroll
   for (int r = 0; r < kRowsT; ++r) {
@@ -180,21 +198,40 @@ __device__ inline void fp4_tile_partials(const uint32_t* planes, int64_t c, bool
   }
 }
 
-// The products of chunk c of kRows weight rows with x (one activation row), summed into part
-// in element order: fma, as each product is exact in double (see the top). x is scaled by kXScale
-// first; kBits: the weights are FP8 codes by bit placement (value · 2^-1016), else weight_at.
-template <int kFmt, bool kBits, double kXScale>
+// The products of chunk c of kRows weight rows with x (one activation row), summed into each
+// row's part in element order: fma, as each product is exact in double (see the top). x is scaled
+// by kXScale first; kPlaced: the weights are FP8 codes by bit placement (value · 2^-1016).
+template <int kFmt, bool kPlaced, double kXScale>
 __device__ inline void chunk_products(const GemmArgs& a, const float* xr, int64_t c, bool cv, const uint4 (&w)[kRows],
                                       const float (&scale)[kRows], double (&part)[kRows]) {
   constexpr int E = chunk_elems(kFmt);
+  float xv[E];
+  load_x_chunk(a, xr, c, cv, xv);
   for (int q = 0; q < E / 4; ++q) {
-    float xv[4];
-    load_x4(a, xr, c * E + 4 * q, cv, xv);
-    for (int i = 0; i < 4; ++i) {
-      const double xd = double(xv[i]) * kXScale;
-      for (int r = 0; r < kRows; ++r) part[r] = fma(xd, weight_at<kFmt, kBits>(w[r], 4 * q + i, scale[r]), part[r]);
+    double xd[4];
+    for (int i = 0; i < 4; ++i) xd[i] = double(xv[4 * q + i]) * kXScale;
+    for (int r = 0; r < kRows; ++r) {
+      double wd[4];
+      weights4_at<kFmt, kPlaced>(w[r], q, scale[r], wd);
+      for (int i = 0; i < 4; ++i) part[r] = fma(xd[i], wd[i], part[r]);
     }
   }
+}
+
+// The exact sums of one 128-tile of the 4 rows, over the tile's 8 lanes (any order: see the top),
+// transposed as they are added: each exchange sends half of the rows a lane still holds, so lane l
+// ends with row l % 4's sum (as do l ± 4). Three exchanges of 4, 2 and 1 doubles instead of three
+// of 1 per row; then one lane per row writes, all four rows at once.
+__device__ inline double tile_row_sums(const double (&part)[kRows], int lane) {
+  static_assert(kRows == 4, "two halvings, then the plain exchange");
+  const bool b0 = lane & 1, b1 = lane & 2;
+  // Rows b0 and b0 + 2 stay, the other two go to the partner, which keeps them.
+  const double keep0 = b0 ? part[1] : part[0], keep1 = b0 ? part[3] : part[2];
+  const double send0 = b0 ? part[0] : part[1], send1 = b0 ? part[2] : part[3];
+  const double row_lo = keep0 + __shfl_xor_sync(kFullMask, send0, 1);  // row b0
+  const double row_hi = keep1 + __shfl_xor_sync(kFullMask, send1, 1);  // row b0 + 2
+  double sum = (b1 ? row_hi : row_lo) + __shfl_xor_sync(kFullMask, b1 ? row_lo : row_hi, 2);  // row lane % 4
+  return sum + __shfl_xor_sync(kFullMask, sum, 4);
 }
 
 // FP8 weights in the double paths (wo_a's bf16 product) take the bit placement too when every
@@ -294,19 +331,20 @@ __global__ void __launch_bounds__(kWarps * 32, kNT == 1 ? 3 : 0) linear_kernel(G
           chunk_products<kFmt, kTiled, kTiled ? 0x1p1000 : 1.0>(a, xrow[n], c, cv, w, scale, part);
         }
       }
-      if constexpr (kTiled) {
+      if constexpr (kTiled && kFmt == kFp8) {
+        // A 128-tile spans 8 lanes (chunks 8t … 8t+7); its first chunk decides whether it exists.
+        const double p = tile_row_sums(part, lane);
+        const int r = lane % kRows;
+        if (lane % 8 < kRows && (c & ~int64_t(7)) < c_end && r < rows_in) {
+          const int64_t t = c / 8;  // the tile, and the column of its weight scale
+          const float s_x = sx_row[n][t], s_w = scale_at(s_first, t, W.scale_is_f32);  // the 4 rows' block
+          contrib[t * n_seq + (gi * kRows + r) * kNT + n] = float(p * 0x1p16) * (s_x * s_w);  // §5: partial · (s_x · s_w)
+        }
+      } else if constexpr (kTiled) {
         for (int r = 0; r < kRows; ++r) {
-          double p = part[r];
-          if constexpr (kFmt == kFp8)  // a 128-tile spans 8 lanes; the exact sum in any order
-            for (int off = 1; off < 8; off <<= 1) p += __shfl_xor_sync(kFullMask, p, off);
-          const bool writer = kFmt == kFp8 ? lane % 8 == 0 : true;
-          if (writer && cv && r < rows_in) {
-            const int64_t t = kFmt == kFp8 ? c / 8 : c;  // the tile, and the column of its weight scale
-            const float partial = kFmt == kFp8 ? float(p * 0x1p16) : int_partial[r];
-            const float s_x = sx_row[n][kFmt == kFp8 ? t : t / 4];
-            const float s_w = scale_at(s_first + r * s_step, t, W.scale_is_f32);
-            // FP8 kernel: partial · (s_x · s_w); FP4 kernel: (partial · s_x) · s_w (§5).
-            contrib[t * n_seq + (gi * kRows + r) * kNT + n] = kFmt == kFp8 ? partial * (s_x * s_w) : (partial * s_x) * s_w;
+          if (cv && r < rows_in) {
+            const float s_x = sx_row[n][c / 4], s_w = scale_at(s_first + r * s_step, c, W.scale_is_f32);
+            contrib[c * n_seq + (gi * kRows + r) * kNT + n] = (int_partial[r] * s_x) * s_w;  // §5: (partial · s_x) · s_w
           }
         }
       } else {

@@ -25,19 +25,28 @@ __device__ inline float fp4_sim(float x, int e) {
   return round_bf16(ldexpf(round_e2m1(v), e));
 }
 
-// An e4m3 code's value times 2^-1016 as a double, by placing its bits in the double's fields: a
-// normal code's exponent and mantissa land in the double's (exponent field 1–15), a subnormal code
-// on a double subnormal, so it is exact (three integer operations; no conversion instruction).
-// The NaN codes 0x7f/0xff, which our quantization never writes, decode as 480 · 2^-1016.
-__device__ __forceinline__ double e4m3_placed(uint32_t code) {
-  return __hiloint2double(int(((code & 0x7f) << 17) | ((code & 0x80) << 24)), 0);
+// Four e4m3 codes of a word (the first in the low byte), each as its value times 2^-1016 in a
+// double, by placing its bits in the double's fields: a normal code's exponent and mantissa land
+// in the double's (exponent field 1–15), a subnormal code on a double subnormal, so it is exact
+// (no conversion instruction). The high word is (magnitude << 17) | (sign << 31): the magnitudes
+// are shifted once for all four (each byte's low bit, the next code's sign, masked off), the signs
+// masked in two halves that keep two zero bytes each, then one byte permute per code assembles
+// zero, zero, magnitude, sign: two integer operations per code. The NaN codes 0x7f/0xff, which
+// our quantization never writes, decode as 480 · 2^-1016.
+__device__ __forceinline__ void e4m3x4_placed(uint32_t word, double (&v)[4]) {
+  const uint32_t magnitudes = (word << 1) & 0xfefefefeu;
+  const uint32_t signs01 = word & 0x00008080u, signs23 = word & 0x80800000u;
+  v[0] = __hiloint2double(int(__byte_perm(magnitudes, signs01, 0x4076)), 0);
+  v[1] = __hiloint2double(int(__byte_perm(magnitudes, signs01, 0x5176)), 0);
+  v[2] = __hiloint2double(int(__byte_perm(magnitudes, signs23, 0x6254)), 0);
+  v[3] = __hiloint2double(int(__byte_perm(magnitudes, signs23, 0x7354)), 0);
 }
 
 // The high word of the double 2^(e + bias) (its low word is zero); high words of two powers of two
 // add to that of their product when one bias is 1023 and the other 0.
 __device__ __forceinline__ uint32_t pow2_high(int e, int bias) { return uint32_t(e + bias) << 20; }
 
-// 2^(e − 127 + 1016) for an E8M0 byte e (2^(e−127)), as a double: what turns e4m3_placed values
+// 2^(e − 127 + 1016) for an E8M0 byte e (2^(e−127)), as a double: what turns e4m3x4_placed values
 // into the values of a block with that exponent, exactly.
 __device__ __forceinline__ double e8m0_placed_scale(uint32_t e) {
   return __hiloint2double(int(pow2_high(int(e) - 127, 1016 + 1023)), 0);
