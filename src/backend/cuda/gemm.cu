@@ -11,7 +11,8 @@
 // the weights at memory bandwidth: each lane loads 16-byte chunks of 4 weight rows at once
 // (coalesced across the warp), converts its slice of x once for the four rows, and up to 8
 // token rows share each weight load (larger T runs in groups of 8 tokens). S warps split one
-// row's K range (S chosen so that a row fills them), so a block is 8/S groups of 4 rows.
+// row's K range, so a block is 8/S groups of 4 rows; S is the fewest that still fill the GPU, and
+// with one token row a lane loads its next chunk while it sums the current one.
 //
 // Why it is bit-identical to the CPU in the quantized path: a tile partial is a sum of at most
 // 128 products of two e4m3 (or e4m3 and e2m1) values, exact in any order, so the rounded fp32
@@ -51,6 +52,7 @@ namespace {
 constexpr int kWarps = 8;      // per block
 constexpr int kRows = 4;       // weight rows per warp: one conversion of x serves all four
 constexpr int kMaxTokens = 8;  // token rows per group: each weight load serves all of them
+constexpr int kDecodeBlocksPerSm = 2;  // blocks of one token row an SM holds (at most 128 registers)
 // Products of many rows run on the tensor cores (gemm_dmma.cu), which read the weights once
 // per 64 rows: from 32 token rows, or for routed experts from 4 rows per expert on average.
 constexpr int64_t kDmmaMinRows = 32, kDmmaMinRowsPerExpert = 4;
@@ -133,29 +135,47 @@ __device__ inline void load_x_chunk(const GemmArgs& a, const float* xr, int64_t 
   for (int i = 0; i < E; ++i) v[i] = valid && k0 + i < a.K ? xr[k0 + i] : 0.0f;
 }
 
-// Elements 4q … 4q+3 of a chunk as doubles. kPlaced (FP8): the unscaled e4m3 values times
-// 2^-1016 by bit placement (see the top). Otherwise the CPU's fp32 dequantized values.
+// A bf16 (the high half of h) or an f32 as a double by bit placement: its 8-bit exponent lands in
+// the low bits of the double's 11-bit field, which makes the double value · 2^-896 exactly
+// (subnormals included), from integer operations only. (Conversions to double issue at 16 per
+// clock per SM on an H200, a quarter of the rate a weight streamed at memory speed needs.) Inf
+// and NaN, absent from checkpoints, become finite values.
+constexpr double kWidePlacedXScale = 0x1p896;  // x's scale against bf16 / f32 weights so placed
+__device__ __forceinline__ double bf16_high_placed(uint32_t h) {
+  return __hiloint2double(int((h & 0x80000000u) | ((h >> 3) & 0x0fffe000u)), 0);
+}
+__device__ __forceinline__ double f32_placed(uint32_t b) {
+  return __hiloint2double(int((b & 0x80000000u) | ((b >> 3) & 0x0fffffffu)), int(b << 29));
+}
+
+// Elements 4q … 4q+3 of a chunk as doubles. FP8 with kPlaced: the unscaled e4m3 values times
+// 2^-1016 by bit placement (see the top); bf16 and f32: their values times 2^-896 by bit placement
+// (x is scaled by kWidePlacedXScale); otherwise the CPU's fp32 dequantized values.
 template <int kFmt, bool kPlaced>
 __device__ inline void weights4_at(const uint4& w, int q, float scale, double (&v)[4]) {
-  static_assert(!kPlaced || kFmt == kFp8, "bit placement is for e4m3 codes");
   static_assert(!(kFmt == kFp4 && kPlaced), "quantized FP4 products take the integer path (fp4_tile_partials)");
-  if constexpr (kPlaced) {
+  if constexpr (kFmt == kFp8 && kPlaced) {
     e4m3x4_placed(word_of(w, q), v);
-    return;
-  }
+  } else if constexpr (kFmt == kFp8) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int e = 4 * q + i;
-    if constexpr (kFmt == kFp8) {
-      v[i] = double(e4m3_to_f32(uint8_t(word_of(w, q) >> (8 * i))) * scale);
-    } else if constexpr (kFmt == kFp4) {
+    for (int i = 0; i < 4; ++i) v[i] = double(e4m3_to_f32(uint8_t(word_of(w, q) >> (8 * i))) * scale);
+  } else if constexpr (kFmt == kFp4) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int e = 4 * q + i;
       const uint32_t n = (word_of(w, e / 8) >> (4 * (e % 8))) & 0xf;  // low nibble first (§2.2)
       v[i] = double(e2m1_to_f32(uint8_t(n)) * scale);
-    } else if constexpr (kFmt == kBf16) {
-      v[i] = double(__uint_as_float(((word_of(w, e / 2) >> (16 * (e % 2))) & 0xffff) << 16));
-    } else {
-      v[i] = double(__uint_as_float(word_of(w, e)));
     }
+  } else if constexpr (kFmt == kBf16) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {  // elements 2j, 2j + 1 in the low and high half of a word
+      const uint32_t word = word_of(w, 2 * q + j);
+      v[2 * j] = bf16_high_placed(word << 16);
+      v[2 * j + 1] = bf16_high_placed(word);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = f32_placed(word_of(w, 4 * q + i));
   }
 }
 
@@ -200,7 +220,7 @@ __device__ inline void fp4_tile_partials(const uint32_t* planes, int64_t c, bool
 
 // The products of chunk c of kRows weight rows with x (one activation row), summed into each
 // row's part in element order: fma, as each product is exact in double (see the top). x is scaled
-// by kXScale first; kPlaced: the weights are FP8 codes by bit placement (value · 2^-1016).
+// by kXScale first; kPlaced: FP8 weights are their codes by bit placement (weights4_at).
 template <int kFmt, bool kPlaced, double kXScale>
 __device__ inline void chunk_products(const GemmArgs& a, const float* xr, int64_t c, bool cv, const uint4 (&w)[kRows],
                                       const float (&scale)[kRows], double (&part)[kRows]) {
@@ -255,7 +275,7 @@ __device__ inline bool placeable(const float (&scale)[kRows]) {
 // Phase 2. Grid (row blocks, token groups of kNT); see the top for the work split. With a table,
 // every token row is its own group (kNT = 1) with its own matrix.
 template <int kFmt, bool kTiled, int kNT>
-__global__ void __launch_bounds__(kWarps * 32, kNT == 1 ? 3 : 0) linear_kernel(GemmArgs a) {
+__global__ void __launch_bounds__(kWarps * 32, kNT == 1 ? kDecodeBlocksPerSm : 0) linear_kernel(GemmArgs a) {
   await_previous_kernel();
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int E = chunk_elems(kFmt);
@@ -302,18 +322,29 @@ __global__ void __launch_bounds__(kWarps * 32, kNT == 1 ? 3 : 0) linear_kernel(G
   double dacc[kRows][kNT] = {};                       // double paths: this lane's partial sums
 
   const int64_t c_begin = int64_t(blockIdx.z) * a.part_chunks, c_end = min(a.n_chunks, c_begin + a.part_chunks);
-  for (int64_t c0 = c_begin + int64_t(s) * 32; c0 < c_end; c0 += 32 * S) {
+  const int64_t c_step = 32 * S;
+  // Chunk c of the four rows (zeros for an absent chunk or row). With one token row (decode), each
+  // iteration loads the next chunk before it computes on the current one, so a warp keeps a load in
+  // flight while it works (more token rows have no registers left for it).
+  constexpr bool kPrefetch = kNT == 1;
+  const auto load_rows = [&](int64_t c, uint4(&w)[kRows]) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+      w[r] = c < c_end && r < rows_in ? row_chunk(w_first + r * nb, c, nb, a.w_vec) : make_uint4(0, 0, 0, 0);
+  };
+  uint4 w[kRows];
+  if constexpr (kPrefetch) load_rows(c_begin + int64_t(s) * 32 + lane, w);
+  for (int64_t c0 = c_begin + int64_t(s) * 32; c0 < c_end; c0 += c_step) {
     const int64_t c = c0 + lane;
     const bool cv = c < c_end;
-    uint4 w[kRows];
+    uint4 w_next[kRows];
+    if constexpr (kPrefetch) load_rows(c + c_step, w_next);
+    else load_rows(c, w);
     float scale[kRows];
-    for (int r = 0; r < kRows; ++r) {
-      const bool ok = cv && r < rows_in;
-      w[r] = ok ? row_chunk(w_first + r * nb, c, nb, a.w_vec) : make_uint4(0, 0, 0, 0);
-      scale[r] = !kTiled && kScaled && ok
+    for (int r = 0; r < kRows; ++r)
+      scale[r] = !kTiled && kScaled && cv && r < rows_in
                      ? scale_at(s_first + r * s_step, c * E / (kFmt == kFp8 ? 128 : 32), W.scale_is_f32)
                      : 0.0f;
-    }
 #pragma unroll
     for (int n = 0; n < kNT; ++n) {
       if (n >= nt) continue;
@@ -328,7 +359,9 @@ __global__ void __launch_bounds__(kWarps * 32, kNT == 1 ? 3 : 0) linear_kernel(G
           chunk_products<kFp8, true, kPlacedXScale>(a, xrow[n], c, cv, w, scale, part);
           for (int r = 0; r < kRows; ++r) part[r] *= double(scale[r]) * 0x1p126;
         } else {
-          chunk_products<kFmt, kTiled, kTiled ? 0x1p1000 : 1.0>(a, xrow[n], c, cv, w, scale, part);
+          constexpr bool kWide = kFmt == kBf16 || kFmt == kF32;
+          chunk_products<kFmt, kTiled, kTiled ? 0x1p1000 : kWide ? kWidePlacedXScale : 1.0>(a, xrow[n], c, cv, w,
+                                                                                              scale, part);
         }
       }
       if constexpr (kTiled && kFmt == kFp8) {
@@ -351,6 +384,9 @@ __global__ void __launch_bounds__(kWarps * 32, kNT == 1 ? 3 : 0) linear_kernel(G
         for (int r = 0; r < kRows; ++r) dacc[r][n] += part[r];
       }
     }
+    if constexpr (kPrefetch)
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) w[r] = w_next[r];
   }
 
   if constexpr (!kTiled) {
@@ -467,12 +503,22 @@ void CudaBackend::gemm(const GemmRequest& r) {
   // The decode kernel's shape (see the top): S warps per group of 4 rows, nt token rows per group
   // (one with a table: each row has its own matrix), and P parts of K when that is the only way
   // to fill the GPU (double paths without a table; each lane keeps at least one chunk).
+  // S: the fewest that still give every SM the blocks it holds, so a lane streams the most chunks,
+  // each loaded while the one before is summed; more warps per group split K further, down to a
+  // chunk per lane. (Splitting as far as a row allowed gave most products a chunk per lane: each
+  // warp waited on one load, then computed, and the SMs' issue slots sat idle half the time.)
   const int64_t nb = row_bytes(W.format, K), n_chunks = (nb + 15) / 16;
-  int split = 1;
-  while (split < kWarps && int64_t(split) * 32 < n_chunks) split *= 2;
   const int nt = r.table ? 1 : r.T <= 1 ? 1 : r.T <= 2 ? 2 : r.T <= 4 ? 4 : kMaxTokens;
-  const int64_t rows_per_block = int64_t(kWarps / split) * kRows;
-  const int64_t groups = (r.T + nt - 1) / nt, row_blocks = (r.rows + rows_per_block - 1) / rows_per_block;
+  const int64_t groups = (r.T + nt - 1) / nt;
+  const auto row_blocks_for = [&](int S) {
+    const int64_t rows_per_block = int64_t(kWarps / S) * kRows;
+    return (r.rows + rows_per_block - 1) / rows_per_block;
+  };
+  int split = 1;
+  while (split < kWarps && int64_t(split) * 32 < n_chunks &&
+         row_blocks_for(split) * groups < int64_t(kDecodeBlocksPerSm) * sm_count_)
+    split *= 2;
+  const int64_t rows_per_block = int64_t(kWarps / split) * kRows, row_blocks = row_blocks_for(split);
   int64_t P = 1;
   if (!dmma && !tiled && !r.table)
     P = std::clamp<int64_t>(2 * sm_count_ / (groups * row_blocks), 1, std::max<int64_t>(1, n_chunks / (32 * split)));
