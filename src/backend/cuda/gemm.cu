@@ -11,8 +11,7 @@
 // the weights at memory bandwidth: each lane loads 16-byte chunks of 4 weight rows at once
 // (coalesced across the warp), converts its slice of x once for the four rows, and up to 8
 // token rows share each weight load (larger T runs in groups of 8 tokens). S warps split one
-// row's K range, so a block is 8/S groups of 4 rows; S is the fewest that still fill the GPU, and
-// with one token row a lane loads its next chunk while it sums the current one.
+// row's K range (S chosen so that a row fills them), so a block is 8/S groups of 4 rows.
 //
 // Why it is bit-identical to the CPU in the quantized path: a tile partial is a sum of at most
 // 128 products of two e4m3 (or e4m3 and e2m1) values, exact in any order, so the rounded fp32
@@ -52,7 +51,6 @@ namespace {
 constexpr int kWarps = 8;      // per block
 constexpr int kRows = 4;       // weight rows per warp: one conversion of x serves all four
 constexpr int kMaxTokens = 8;  // token rows per group: each weight load serves all of them
-constexpr int kDecodeBlocksPerSm = 2;  // blocks of one token row an SM holds (at most 128 registers)
 // Products of many rows run on the tensor cores (gemm_dmma.cu), which read the weights once
 // per 64 rows: from 32 token rows, or for routed experts from 4 rows per expert on average.
 constexpr int64_t kDmmaMinRows = 32, kDmmaMinRowsPerExpert = 4;
@@ -137,9 +135,9 @@ __device__ inline void load_x_chunk(const GemmArgs& a, const float* xr, int64_t 
 
 // A bf16 (the high half of h) or an f32 as a double by bit placement: its 8-bit exponent lands in
 // the low bits of the double's 11-bit field, which makes the double value · 2^-896 exactly
-// (subnormals included), from integer operations only. (Conversions to double issue at 16 per
-// clock per SM on an H200, a quarter of the rate a weight streamed at memory speed needs.) Inf
-// and NaN, absent from checkpoints, become finite values.
+// (subnormals included), from integer operations only: a conversion to double issues at 16 per
+// clock per SM on an H200, on a unit the products' x conversions share. Inf and NaN, absent from
+// checkpoints, become finite values.
 constexpr double kWidePlacedXScale = 0x1p896;  // x's scale against bf16 / f32 weights so placed
 __device__ __forceinline__ double bf16_high_placed(uint32_t h) {
   return __hiloint2double(int((h & 0x80000000u) | ((h >> 3) & 0x0fffe000u)), 0);
@@ -275,7 +273,7 @@ __device__ inline bool placeable(const float (&scale)[kRows]) {
 // Phase 2. Grid (row blocks, token groups of kNT); see the top for the work split. With a table,
 // every token row is its own group (kNT = 1) with its own matrix.
 template <int kFmt, bool kTiled, int kNT>
-__global__ void __launch_bounds__(kWarps * 32, kNT == 1 ? kDecodeBlocksPerSm : 0) linear_kernel(GemmArgs a) {
+__global__ void __launch_bounds__(kWarps * 32, kNT == 1 ? 3 : 0) linear_kernel(GemmArgs a) {
   await_previous_kernel();
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int E = chunk_elems(kFmt);
@@ -322,29 +320,18 @@ __global__ void __launch_bounds__(kWarps * 32, kNT == 1 ? kDecodeBlocksPerSm : 0
   double dacc[kRows][kNT] = {};                       // double paths: this lane's partial sums
 
   const int64_t c_begin = int64_t(blockIdx.z) * a.part_chunks, c_end = min(a.n_chunks, c_begin + a.part_chunks);
-  const int64_t c_step = 32 * S;
-  // Chunk c of the four rows (zeros for an absent chunk or row). With one token row (decode), each
-  // iteration loads the next chunk before it computes on the current one, so a warp keeps a load in
-  // flight while it works (more token rows have no registers left for it).
-  constexpr bool kPrefetch = kNT == 1;
-  const auto load_rows = [&](int64_t c, uint4(&w)[kRows]) {
-#pragma unroll
-    for (int r = 0; r < kRows; ++r)
-      w[r] = c < c_end && r < rows_in ? row_chunk(w_first + r * nb, c, nb, a.w_vec) : make_uint4(0, 0, 0, 0);
-  };
-  uint4 w[kRows];
-  if constexpr (kPrefetch) load_rows(c_begin + int64_t(s) * 32 + lane, w);
-  for (int64_t c0 = c_begin + int64_t(s) * 32; c0 < c_end; c0 += c_step) {
+  for (int64_t c0 = c_begin + int64_t(s) * 32; c0 < c_end; c0 += 32 * S) {
     const int64_t c = c0 + lane;
     const bool cv = c < c_end;
-    uint4 w_next[kRows];
-    if constexpr (kPrefetch) load_rows(c + c_step, w_next);
-    else load_rows(c, w);
+    uint4 w[kRows];
     float scale[kRows];
-    for (int r = 0; r < kRows; ++r)
-      scale[r] = !kTiled && kScaled && cv && r < rows_in
+    for (int r = 0; r < kRows; ++r) {
+      const bool ok = cv && r < rows_in;
+      w[r] = ok ? row_chunk(w_first + r * nb, c, nb, a.w_vec) : make_uint4(0, 0, 0, 0);
+      scale[r] = !kTiled && kScaled && ok
                      ? scale_at(s_first + r * s_step, c * E / (kFmt == kFp8 ? 128 : 32), W.scale_is_f32)
                      : 0.0f;
+    }
 #pragma unroll
     for (int n = 0; n < kNT; ++n) {
       if (n >= nt) continue;
@@ -384,9 +371,6 @@ __global__ void __launch_bounds__(kWarps * 32, kNT == 1 ? kDecodeBlocksPerSm : 0
         for (int r = 0; r < kRows; ++r) dacc[r][n] += part[r];
       }
     }
-    if constexpr (kPrefetch)
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) w[r] = w_next[r];
   }
 
   if constexpr (!kTiled) {
@@ -503,22 +487,12 @@ void CudaBackend::gemm(const GemmRequest& r) {
   // The decode kernel's shape (see the top): S warps per group of 4 rows, nt token rows per group
   // (one with a table: each row has its own matrix), and P parts of K when that is the only way
   // to fill the GPU (double paths without a table; each lane keeps at least one chunk).
-  // S: the fewest that still give every SM the blocks it holds, so a lane streams the most chunks,
-  // each loaded while the one before is summed; more warps per group split K further, down to a
-  // chunk per lane. (Splitting as far as a row allowed gave most products a chunk per lane: each
-  // warp waited on one load, then computed, and the SMs' issue slots sat idle half the time.)
   const int64_t nb = row_bytes(W.format, K), n_chunks = (nb + 15) / 16;
-  const int nt = r.table ? 1 : r.T <= 1 ? 1 : r.T <= 2 ? 2 : r.T <= 4 ? 4 : kMaxTokens;
-  const int64_t groups = (r.T + nt - 1) / nt;
-  const auto row_blocks_for = [&](int S) {
-    const int64_t rows_per_block = int64_t(kWarps / S) * kRows;
-    return (r.rows + rows_per_block - 1) / rows_per_block;
-  };
   int split = 1;
-  while (split < kWarps && int64_t(split) * 32 < n_chunks &&
-         row_blocks_for(split) * groups < int64_t(kDecodeBlocksPerSm) * sm_count_)
-    split *= 2;
-  const int64_t rows_per_block = int64_t(kWarps / split) * kRows, row_blocks = row_blocks_for(split);
+  while (split < kWarps && int64_t(split) * 32 < n_chunks) split *= 2;
+  const int nt = r.table ? 1 : r.T <= 1 ? 1 : r.T <= 2 ? 2 : r.T <= 4 ? 4 : kMaxTokens;
+  const int64_t rows_per_block = int64_t(kWarps / split) * kRows;
+  const int64_t groups = (r.T + nt - 1) / nt, row_blocks = (r.rows + rows_per_block - 1) / rows_per_block;
   int64_t P = 1;
   if (!dmma && !tiled && !r.table)
     P = std::clamp<int64_t>(2 * sm_count_ / (groups * row_blocks), 1, std::max<int64_t>(1, n_chunks / (32 * split)));
