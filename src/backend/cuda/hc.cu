@@ -2,13 +2,16 @@
 // of cpu/hc.cpp; architecture.md §3.2.1–§3.2.3). All fp32; only the collapsed input u, the head
 // output y and the new HC state are rounded (to bf16 in deepseek numerics).
 //
-// Parallelisation: the mix projection x·fnᵀ is the shared GEMM (fp32 path). Then one block per
-// token: the stream RMS is a block-wide double reduction, the gates take one thread each, the
-// Sinkhorn iterations one lane per hc×hc element in warp 0 (a serial loop in one thread took
-// most of the op's time in decode), and all threads write u over D. At decode that
-// block is the whole op, so it has 1024 threads and keeps several loads in flight per thread
-// (with 256 threads each waiting on one load at a time, hc_pre took 50 µs per token on an H200).
+// Parallelisation: the mix projection x·fnᵀ is the shared GEMM (fp32 path). Then blocks per
+// token: the stream RMS is a block-wide double reduction (each block its own), the gates take one
+// thread each, the Sinkhorn iterations one lane per hc×hc element in warp 0 of a block of their
+// own (a serial loop in one thread took most of the op's time in decode), and at decode a few
+// more blocks write u over slices of D meanwhile. Blocks have 1024 threads and keep several loads
+// in flight per thread (with 256 threads each waiting on one load at a time, hc_pre took 50 µs per
+// token on an H200).
 // hc_post is one thread per (token, d), all hc streams (in place: the engine passes X_out = X).
+#include <algorithm>
+
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launch.cuh"
@@ -18,6 +21,7 @@ namespace dsv4::cuda {
 namespace {
 
 constexpr int kTokenThreads = 1024;
+constexpr int64_t kMaxPreSlices = 4;  // hc_pre's blocks over D per token
 constexpr int kMaxHc = 5;  // hc·hc ≤ 32: the Sinkhorn runs in one warp (hc_mult is 4 in every V4 config)
 // The pre gates' shared array, padded to whole 16-byte words: collapse()'s loop over h is compiled
 // to 4-wide shared loads, whose last one reached past a kMaxHc-float array (compute-sanitizer's
@@ -63,10 +67,12 @@ __device__ float sinkhorn(float m, int hc, int64_t iters, float eps) {
   return m;
 }
 
-// u[t] = Σ_h pre_h · X[t, h] over D (sequential over h, in double, rounded once).
-__device__ void collapse(const float* x, const float* pre, int hc, int64_t D, bool bf16, float* u) {
+// u[t] = Σ_h pre_h · X[t, h] over dims [d_begin, d_end) of D (sequential over h, in double,
+// rounded once).
+__device__ void collapse(const float* x, const float* pre, int hc, int64_t D, int64_t d_begin, int64_t d_end,
+                         bool bf16, float* u) {
 #pragma unroll 4
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+  for (int64_t d = d_begin + threadIdx.x; d < d_end; d += blockDim.x) {
     double acc = 0.0;
     for (int h = 0; h < hc; ++h) acc += double(pre[h]) * double(x[h * D + d]);
     u[d] = round_if(bf16, float(acc));
@@ -82,28 +88,30 @@ struct HcArgs {
   bool bf16;
 };
 
+// Block (t, s): for s < slices, u over the s-th slice of D; block (t, slices): the post gates and
+// the Sinkhorn, in warp 0, alongside. Each block finds the stream RMS itself.
 __global__ void __launch_bounds__(kTokenThreads)
-    hc_pre_kernel(HcArgs a, const float* X, const float* mix, float* u, float* post, float* comb) {
+    hc_pre_kernel(HcArgs a, const float* X, const float* mix, int slices, float* u, float* post, float* comb) {
   await_previous_kernel();
   __shared__ double scratch[32];
   __shared__ __align__(16) float pre[kPreSlots];
   const int64_t t = blockIdx.x;
-  const int hc = a.hc;
+  const int hc = a.hc, e = threadIdx.x;
   const float* x = X + t * hc * a.D;
   const float rs = stream_rms_inverse(x, hc * a.D, a.norm_eps, scratch);
   const float* m = mix + t * a.mix_n;  // scaled by rs where used
-  if (threadIdx.x < 32) {  // warp 0: the gates and the Sinkhorn
-    const int e = threadIdx.x;
-    if (e < hc) {
-      pre[e] = sigmoid_f(m[e] * rs * a.scale0 + a.base[e]) + a.hc_eps;
-      post[t * hc + e] = 2.0f * sigmoid_f(m[hc + e] * rs * a.scale1 + a.base[hc + e]);
-    }
+  if (int(blockIdx.y) == slices) {
+    if (e >= 32) return;
+    if (e < hc) post[t * hc + e] = 2.0f * sigmoid_f(m[hc + e] * rs * a.scale1 + a.base[hc + e]);
     const float logit = e < hc * hc ? m[2 * hc + e] * rs * a.scale2 + a.base[2 * hc + e] : 0.0f;
     const float projected = sinkhorn(logit, hc, a.sinkhorn_iters, a.hc_eps);
     if (e < hc * hc) comb[t * hc * hc + e] = projected;
+    return;
   }
+  if (e < hc) pre[e] = sigmoid_f(m[e] * rs * a.scale0 + a.base[e]) + a.hc_eps;
   __syncthreads();
-  collapse(x, pre, hc, a.D, a.bf16, u + t * a.D);
+  const int64_t per = (a.D + slices - 1) / slices, d_begin = blockIdx.y * per;
+  collapse(x, pre, hc, a.D, d_begin, min(a.D, d_begin + per), a.bf16, u + t * a.D);
 }
 
 __global__ void __launch_bounds__(kTokenThreads) hc_head_kernel(HcArgs a, const float* X, const float* mix, float* y) {
@@ -119,7 +127,7 @@ __global__ void __launch_bounds__(kTokenThreads) hc_head_kernel(HcArgs a, const 
     pre[h] = sigmoid_f(mix[t * hc + h] * rs * a.scale0 + a.base[h]) + a.hc_eps;
   }
   __syncthreads();
-  collapse(x, pre, hc, a.D, a.bf16, y + t * a.D);
+  collapse(x, pre, hc, a.D, 0, a.D, a.bf16, y + t * a.D);
 }
 
 // X'[t, k, d] = post_k · a[t, d] + Σ_j comb[j, k] · X[t, j, d]: one thread per (t, d), which reads
@@ -154,7 +162,11 @@ void CudaBackend::hc_pre(const model::HcParams& p, const float* X, int64_t T, in
   linear(p.fn, Compute::f32, X, T, mix.get());  // x·fnᵀ first, then the rms scale (§3.2.1)
   const HcArgs a{device_floats(p.base), p.scale[0], p.scale[1], p.scale[2], int(hc), D, mix_n, sinkhorn_iters,
                  float(hc_eps), float(norm_eps), deepseek()};
-  launch(hc_pre_kernel, unsigned(T), kTokenThreads, 0, stream_, a, X, mix.get(), u, post, comb);
+  // Slices of D for u while another block runs the Sinkhorn: as many as leave one block per SM
+  // (at decode the op is these few blocks; one block doing it all took 16 µs on an H200).
+  const int slices = int(std::clamp<int64_t>(sm_count_ / T - 1, 1, kMaxPreSlices));
+  launch(hc_pre_kernel, dim3(unsigned(T), unsigned(slices + 1)), kTokenThreads, 0, stream_, a, X, mix.get(), slices,
+         u, post, comb);
   DSV4_CUDA_LAUNCHED("hc_pre");
 }
 
