@@ -18,15 +18,22 @@ namespace {
 // Threads for one block per row of n: one per 8 elements, a whole number of warps in [64, 1024].
 unsigned row_threads(int64_t n) { return unsigned(std::clamp<int64_t>((n / 8 + 31) / 32 * 32, 64, 1024)); }
 
+// Asks for the line holding p in L1 without waiting for it.
+__device__ inline void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
+
 // RMSNorm: v = mean(x²) in double, inv = rsqrt(fp32(v) + eps); y = w · (x · inv), the weight
-// applied before the bf16 rounding (§3.0).
+// applied before the bf16 rounding (§3.0). The weights are fetched while the sum is formed, so
+// the second pass finds them and x in L1 (at decode a row is one block: its time is latency).
 __global__ void rms_norm_kernel(const float* x, const float* w, int64_t n, float eps, bool bf16, float* y) {
   await_previous_kernel();
   __shared__ double scratch[32];
   const float* xr = x + blockIdx.x * n;
   float* yr = y + blockIdx.x * n;
   double sum = 0.0;
-  for_each_element(xr, n, [&](float v, int64_t) { sum += double(v) * double(v); });
+  for_each_element(xr, n, [&](float v, int64_t i) {
+    if (w) prefetch_l1(w + i);
+    sum += double(v) * double(v);
+  });
   sum = block_sum(sum, scratch);
   const float inv = rsqrt_f(float(sum / double(n)) + eps);
   for_each_element(xr, n, [&](float x, int64_t i) {
