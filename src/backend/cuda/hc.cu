@@ -40,30 +40,23 @@ __device__ float stream_rms_inverse(const float* x, int64_t n, float eps, double
 // M[j, k] and gets back its projected value (lanes past hc·hc compute garbage that is not used).
 // A row softmax + eps, a column normalisation, then (iters − 1) row/column normalisation pairs;
 // each element sees the serial loop's arithmetic (its row or column summed in double in index
-// order, then one division). A sum's hc shuffles are issued together, then added in order (hc is
-// known at run time only: a loop over it ran shuffle, add, shuffle, add). (In shared memory with
-// two block barriers per step, the 40 steps took 17 µs per token.)
+// order, then one division). (In shared memory with two block barriers per step, the 40 steps
+// took 17 µs per token.)
 __device__ float sinkhorn(float m, int hc, int64_t iters, float eps) {
   const int q = threadIdx.x % 32, j = q / hc, k = q % hc;
   auto element = [&](float v, int r, int c) { return __shfl_sync(kFullMask, v, r * hc + c); };
-  auto line_sum = [&](float v, bool row) {  // row j, or column k, in index order
-    float e[kMaxHc];
-#pragma unroll
-    for (int i = 0; i < kMaxHc; ++i) e[i] = i < hc ? (row ? element(v, j, i) : element(v, i, k)) : 0.0f;
+  auto row_sum = [&](float v) {
     double sum = 0.0;
-#pragma unroll
-    for (int i = 0; i < kMaxHc; ++i)
-      if (i < hc) sum += e[i];
+    for (int i = 0; i < hc; ++i) sum += element(v, j, i);
     return sum;
   };
-  auto row_sum = [&](float v) { return line_sum(v, true); };
-  auto col_sum = [&](float v) { return line_sum(v, false); };
+  auto col_sum = [&](float v) {
+    double sum = 0.0;
+    for (int i = 0; i < hc; ++i) sum += element(v, i, k);
+    return sum;
+  };
   float mx = element(m, j, 0);
-#pragma unroll
-  for (int i = 1; i < kMaxHc; ++i) {
-    const float e = element(m, j, i < hc ? i : 0);  // (every lane shuffles: hc is the same in all)
-    if (i < hc) mx = fmaxf(mx, e);
-  }
+  for (int i = 1; i < hc; ++i) mx = fmaxf(mx, element(m, j, i));
   m = exp_f(m - mx);
   m = m / float(row_sum(m)) + eps;
   m /= float(col_sum(m)) + eps;
