@@ -146,9 +146,15 @@ __device__ __forceinline__ double f32_placed(uint32_t b) {
   return __hiloint2double(int((b & 0x80000000u) | ((b >> 3) & 0x0fffffffu)), int(b << 29));
 }
 
+// The scale of x against weights4_at's values: 2^1000 against quantized FP8 codes (see the top),
+// 2^896 against bf16 / f32 weights, else 1. (The double paths' placed FP8 codes take
+// kPlacedXScale, below.)
+template <int kFmt, bool kTiled>
+constexpr double kXScaleFor = kTiled ? 0x1p1000 : kFmt == kBf16 || kFmt == kF32 ? kWidePlacedXScale : 1.0;
+
 // Elements 4q … 4q+3 of a chunk as doubles. FP8 with kPlaced: the unscaled e4m3 values times
-// 2^-1016 by bit placement (see the top); bf16 and f32: their values times 2^-896 by bit placement
-// (x is scaled by kWidePlacedXScale); otherwise the CPU's fp32 dequantized values.
+// 2^-1016 by bit placement (see the top); bf16 and f32: their values times 2^-896 by bit placement;
+// otherwise the CPU's fp32 dequantized values.
 template <int kFmt, bool kPlaced>
 __device__ inline void weights4_at(const uint4& w, int q, float scale, double (&v)[4]) {
   static_assert(!(kFmt == kFp4 && kPlaced), "quantized FP4 products take the integer path (fp4_tile_partials)");
@@ -346,9 +352,7 @@ __global__ void __launch_bounds__(kWarps * 32, kNT == 1 ? 3 : 0) linear_kernel(G
           chunk_products<kFp8, true, kPlacedXScale>(a, xrow[n], c, cv, w, scale, part);
           for (int r = 0; r < kRows; ++r) part[r] *= double(scale[r]) * 0x1p126;
         } else {
-          constexpr bool kWide = kFmt == kBf16 || kFmt == kF32;
-          chunk_products<kFmt, kTiled, kTiled ? 0x1p1000 : kWide ? kWidePlacedXScale : 1.0>(a, xrow[n], c, cv, w,
-                                                                                              scale, part);
+          chunk_products<kFmt, kTiled, kXScaleFor<kFmt, kTiled>>(a, xrow[n], c, cv, w, scale, part);
         }
       }
       if constexpr (kTiled && kFmt == kFp8) {
