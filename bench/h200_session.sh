@@ -8,7 +8,8 @@
 #    bit-exact, dsv4 bench with 4 V4-Flash layers (4K prefill, decode at 4K and 1M with
 #    --fill-state) and with "28" also 28 layers at 4K and 1M (about 100 s more, most of it making
 #    the weights); if the twins did not all pass, stop;
-# 2. with "ncu": the last decoded token's per-kernel GPU time at 4K and at 1M (bench/ncu.sh times);
+# 2. with "ncu": the last decoded token's per-kernel GPU time at 4K and at 1M (bench/ncu.sh times;
+#    NCU_CONTEXTS="4096" for 4K alone);
 # 3. everything in $OUT packed into $OUT/run.tgz (the device tool returns only a few files).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +28,7 @@ status=$?
 grep -E "twin outputs|PASSED|FAILED|bench skipped|decode at|^ +[0-9]" "$out/device_run.log"
 [ "$status" = 0 ] || { echo "stopped: device_run.sh exited $status"; exit 1; }
 if [[ " $* " == *" ncu "* ]]; then
-  for ctx in 4096 1048544; do
+  for ctx in ${NCU_CONTEXTS:-4096 1048544}; do
     LAST=0 OUT="$out" bash bench/ncu.sh times '.' --synthetic v4-flash --layers 4 --device cuda --prompt-lens none \
       --contexts "$ctx" --fill-state --decode-tokens 2 >"$out/ncu_$ctx.txt" 2>&1
     mv "$out/ncu_times.csv" "$out/ncu_$ctx.csv"

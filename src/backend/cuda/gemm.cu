@@ -11,7 +11,10 @@
 // the weights at memory bandwidth: each lane loads 16-byte chunks of 4 weight rows at once
 // (coalesced across the warp), converts its slice of x once for the four rows, and up to 8
 // token rows share each weight load (larger T runs in groups of 8 tokens). S warps split one
-// row's K range (S chosen so that a row fills them), so a block is 8/S groups of 4 rows.
+// row's K range, so a block is 8/S groups of 4 rows; S is the fewest that still give every SM
+// two blocks, so that each lane streams many steps. The chunks go through a ring in shared memory
+// per lane (cp.async), a few steps ahead of the sums: loads in flight cost no registers, where
+// loading the next chunk into registers cost occupancy (and measured slower).
 //
 // Why it is bit-identical to the CPU in the quantized path: a tile partial is a sum of at most
 // 128 products of two e4m3 (or e4m3 and e2m1) values, exact in any order, so the rounded fp32
@@ -51,6 +54,10 @@ namespace {
 constexpr int kWarps = 8;      // per block
 constexpr int kRows = 4;       // weight rows per warp: one conversion of x serves all four
 constexpr int kMaxTokens = 8;  // token rows per group: each weight load serves all of them
+// Weight chunks reach a lane through its own ring of kSlots slots in shared memory (cp.async):
+// while it sums one step's chunks, the next kSlots - 1 steps' are in flight, held by no register.
+constexpr int kSlots = 3;
+constexpr size_t kRingBytes = size_t(kSlots) * kRows * kWarps * 32 * sizeof(uint4);
 // Products of many rows run on the tensor cores (gemm_dmma.cu), which read the weights once
 // per 64 rows: from 32 token rows, or for routed experts from 4 rows per expert on average.
 constexpr int64_t kDmmaMinRows = 32, kDmmaMinRowsPerExpert = 4;
@@ -276,11 +283,43 @@ __device__ inline bool placeable(const float (&scale)[kRows]) {
   return ok;
 }
 
+// The lane's ring slot for row r of the step that uses `slot`: [slot][row][thread], so a warp's
+// accesses to one slot and row are 512 contiguous bytes. Each lane reads back only what it staged
+// itself, which cp.async.wait_group makes visible to it: no barrier.
+__device__ __forceinline__ uint4* ring_slot(unsigned char* smem, int slot, int r) {
+  return reinterpret_cast<uint4*>(smem) + (slot * kRows + r) * (kWarps * 32) + threadIdx.x;
+}
+
+// Chunk c of a stored row of nb bytes at `row` (zeros unless ok) into the lane's slot: a cp.async
+// of 16 bytes (a source size of 0 writes zeros) when the rows allow 16-byte loads (vec), else byte
+// by byte with zeros past the row (odd shapes in tests; a rolled loop keeps its code and registers
+// out of the streaming loop). `fallback` is any readable address, named when nothing is read.
+__device__ __forceinline__ void stage_chunk(uint4* slot, const uint8_t* row, const uint8_t* fallback, int c,
+                                            int nb, bool vec, bool ok) {
+  if (!vec) {
+    uint8_t* to = reinterpret_cast<uint8_t*>(slot);
+#pragma unroll 1
+    for (int b = 0; b < 16; ++b) to[b] = ok && c * 16 + b < nb ? row[c * 16 + b] : 0;
+    return;
+  }
+  const unsigned to = unsigned(__cvta_generic_to_shared(slot));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(to), "l"(ok ? row + c * 16 : fallback),
+               "r"(ok ? 16 : 0)
+               : "memory");
+}
+
+__device__ __forceinline__ void commit_staged() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+// Waits until at most kPending of the lane's committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void await_staged() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
 // Phase 2. Grid (row blocks, token groups of kNT); see the top for the work split. With a table,
 // every token row is its own group (kNT = 1) with its own matrix.
 template <int kFmt, bool kTiled, int kNT>
 __global__ void __launch_bounds__(kWarps * 32, kNT == 1 ? 3 : 0) linear_kernel(GemmArgs a) {
-  await_previous_kernel();
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int E = chunk_elems(kFmt);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -291,8 +330,12 @@ __global__ void __launch_bounds__(kWarps * 32, kNT == 1 ? 3 : 0) linear_kernel(G
   const int64_t m0 = int64_t(blockIdx.y) * kNT;
   const int nt = int(min(int64_t(kNT), a.T - m0));
 
+  // Weights are never written by a kernel, so without a table (whose row → matrix map a kernel
+  // before this one may write) the first steps' chunks are staged before the previous kernel is
+  // awaited: they are in flight while it finishes. Everything else waits.
   LinearView W = a.W;
   if (a.table) {
+    await_previous_kernel();
     const int32_t v = a.view_of_row[m0];
     if (v < 0 || v >= a.n_views) {  // no expert: contributes nothing (as on the CPU)
       for (int64_t r = threadIdx.x; r < G * kRows; r += blockDim.x)
@@ -322,18 +365,39 @@ __global__ void __launch_bounds__(kWarps * 32, kNT == 1 ? 3 : 0) linear_kernel(G
   const int64_t s_step = kFmt == kFp4 ? W.scale_cols * (W.scale_is_f32 ? 4 : 1) : 0;
   const int rows_in = int(min(int64_t(kRows), a.rows - r_base));  // rows of the four that exist
 
-  float* contrib = reinterpret_cast<float*>(smem);  // quantized: [tile][n_seq]
-  double dacc[kRows][kNT] = {};                       // double paths: this lane's partial sums
+  float* contrib = reinterpret_cast<float*>(smem + kRingBytes);  // quantized: [tile][n_seq]
+  double dacc[kRows][kNT] = {};                                    // double paths: this lane's partial sums
 
-  const int64_t c_begin = int64_t(blockIdx.z) * a.part_chunks, c_end = min(a.n_chunks, c_begin + a.part_chunks);
-  for (int64_t c0 = c_begin + int64_t(s) * 32; c0 < c_end; c0 += 32 * S) {
-    const int64_t c = c0 + lane;
+  // Step j of the warp sums chunk c_begin + (j·S + s)·32 + lane of the four rows; one commit group
+  // per step (empty past the warp's last) so that a wait counts steps.
+  // (Chunk indices in 32 bits: the host checks that a row's chunks fit.)
+  const int c_begin = int(blockIdx.z * a.part_chunks), c_end = int(min(a.n_chunks, c_begin + a.part_chunks));
+  const int first = c_begin + s * 32;
+  const int n_steps = first < c_end ? (c_end - first + 32 * S - 1) / (32 * S) : 0;
+  auto chunk_of = [&](int j) { return first + j * 32 * S + lane; };
+  auto stage = [&](int j) {
+    if (j < n_steps) {
+      const int c = chunk_of(j);
+      const bool cv = c < c_end;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+        stage_chunk(ring_slot(smem, j % kSlots, r), w_first + r * nb, w_first, c, int(nb), a.w_vec, cv && r < rows_in);
+    }
+    commit_staged();
+  };
+  for (int j = 0; j < kSlots - 1; ++j) stage(j);
+  if (!a.table) await_previous_kernel();
+
+  for (int j = 0; j < n_steps; ++j) {
+    stage(j + kSlots - 1);
+    await_staged<kSlots - 1>();
+    const int c = chunk_of(j);
     const bool cv = c < c_end;
     uint4 w[kRows];
     float scale[kRows];
     for (int r = 0; r < kRows; ++r) {
       const bool ok = cv && r < rows_in;
-      w[r] = ok ? row_chunk(w_first + r * nb, c, nb, a.w_vec) : make_uint4(0, 0, 0, 0);
+      w[r] = *ring_slot(smem, j % kSlots, r);
       scale[r] = !kTiled && kScaled && ok
                      ? scale_at(s_first + r * s_step, c * E / (kFmt == kFp8 ? 128 : 32), W.scale_is_f32)
                      : 0.0f;
@@ -378,7 +442,7 @@ __global__ void __launch_bounds__(kWarps * 32, kNT == 1 ? 3 : 0) linear_kernel(G
   }
 
   if constexpr (!kTiled) {
-    double* dpart = reinterpret_cast<double*>(smem);  // [S][n_seq]
+    double* dpart = reinterpret_cast<double*>(smem + kRingBytes);  // [S][n_seq]
     for (int r = 0; r < kRows; ++r)
       for (int n = 0; n < kNT; ++n) {
         const double v = warp_sum(dacc[r][n]);
@@ -399,7 +463,7 @@ __global__ void __launch_bounds__(kWarps * 32, kNT == 1 ? 3 : 0) linear_kernel(G
       for (int64_t t = 0; t < a.n_tiles; ++t) acc += contrib[t * n_seq + q];
       *y = round_bf16(acc);
     } else {
-      const double* dpart = reinterpret_cast<const double*>(smem);
+      const double* dpart = reinterpret_cast<const double*>(smem + kRingBytes);
       double v = 0.0;
       for (int i = 0; i < S; ++i) v += dpart[i * n_seq + q];
       if (a.parts) a.parts[(int64_t(blockIdx.z) * a.T + m0 + n) * a.rows + row] = v;
@@ -488,15 +552,21 @@ void CudaBackend::gemm(const GemmRequest& r) {
   const size_t n_sx = tiled ? size_t(n_src * n_k128) : 0;
   const size_t n_grouping = dmma ? size_t(dmma_scratch_ints(r)) : 0;
 
-  // The decode kernel's shape (see the top): S warps per group of 4 rows, nt token rows per group
-  // (one with a table: each row has its own matrix), and P parts of K when that is the only way
-  // to fill the GPU (double paths without a table; each lane keeps at least one chunk).
+  // The decode kernel's shape (see the top): nt token rows per group (one with a table: each row
+  // has its own matrix); S warps per group of 4 rows, the fewest that still give every SM two
+  // blocks (each lane then streams as many steps through its ring as it can) and no more than a
+  // row's chunks fill; and P parts of K when that is the only way to fill the GPU (double paths
+  // without a table; each lane keeps at least one chunk).
   const int64_t nb = row_bytes(W.format, K), n_chunks = (nb + 15) / 16;
-  int split = 1;
-  while (split < kWarps && int64_t(split) * 32 < n_chunks) split *= 2;
   const int nt = r.table ? 1 : r.T <= 1 ? 1 : r.T <= 2 ? 2 : r.T <= 4 ? 4 : kMaxTokens;
-  const int64_t rows_per_block = int64_t(kWarps / split) * kRows;
-  const int64_t groups = (r.T + nt - 1) / nt, row_blocks = (r.rows + rows_per_block - 1) / rows_per_block;
+  const int64_t groups = (r.T + nt - 1) / nt;
+  auto row_blocks_for = [&](int s) {
+    const int64_t per_block = int64_t(kWarps / s) * kRows;
+    return (r.rows + per_block - 1) / per_block;
+  };
+  int split = 1;
+  while (split < kWarps && int64_t(split) * 32 < n_chunks && groups * row_blocks_for(split) < 2 * sm_count_) split *= 2;
+  const int64_t rows_per_block = int64_t(kWarps / split) * kRows, row_blocks = row_blocks_for(split);
   int64_t P = 1;
   if (!dmma && !tiled && !r.table)
     P = std::clamp<int64_t>(2 * sm_count_ / (groups * row_blocks), 1, std::max<int64_t>(1, n_chunks / (32 * split)));
@@ -532,9 +602,10 @@ void CudaBackend::gemm(const GemmRequest& r) {
   a.arrivals = part_arrivals_;
 
   const int64_t n_seq = rows_per_block * nt;
-  const size_t smem = tiled ? size_t(a.n_tiles * n_seq) * sizeof(float) : size_t(split * n_seq) * sizeof(double);
-  DSV4_CUDA_REQUIRE(groups < 65536 && row_blocks < (int64_t(1) << 31), "linear: ", r.T, " tokens × ", r.rows,
-                    " rows × K ", K, " exceed the launch limits");
+  const size_t smem =
+      kRingBytes + (tiled ? size_t(a.n_tiles * n_seq) * sizeof(float) : size_t(split * n_seq) * sizeof(double));
+  DSV4_CUDA_REQUIRE(groups < 65536 && row_blocks < (int64_t(1) << 31) && nb < (int64_t(1) << 31), "linear: ", r.T,
+                    " tokens × ", r.rows, " rows × K ", K, " exceed the launch limits");
   const LinearKernel kernel = linear_kernel_for(W.format, tiled, nt);
   allow_shared_memory(reinterpret_cast<const void*>(kernel), smem, "linear");
   launch(kernel, dim3(unsigned(row_blocks), unsigned(groups), unsigned(P)), kWarps * 32, smem, stream_, a);

@@ -10,9 +10,10 @@
 // (Launch::plain, gemm_dmma.cu).
 //
 // The rule that keeps it exact: every kernel launched with launch() calls await_previous_kernel()
-// as its first statement, before any access to global memory. Then it sees everything the
-// previous kernel wrote, and the previous kernel had itself waited for its own predecessor, so the
-// stream's order holds as with <<<>>>. Only then does it let the next kernel's blocks be scheduled.
+// before any access to global memory, weights excepted (no kernel writes them; the GEMV stages its
+// first weight chunks before it waits). Then it sees everything the previous kernel wrote, and the
+// previous kernel had itself waited for its own predecessor, so the stream's order holds as with
+// <<<>>>. Only then does it let the next kernel's blocks be scheduled.
 #pragma once
 
 #include <cuda_runtime.h>
