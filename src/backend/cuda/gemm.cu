@@ -370,7 +370,7 @@ __global__ void __launch_bounds__(kWarps * 32, kNT == 1 ? 3 : 0) linear_kernel(G
 
   // Step j of the warp sums chunk c_begin + (j·S + s)·32 + lane of the four rows; one commit group
   // per step (empty past the warp's last) so that a wait counts steps.
-  // (Chunk indices in 32 bits: the host checks that a row's chunks fit.)
+  // (Chunk indices in 32 bits: the host checks that a row's bytes and elements fit.)
   const int c_begin = int(blockIdx.z * a.part_chunks), c_end = int(min(a.n_chunks, c_begin + a.part_chunks));
   const int first = c_begin + s * 32;
   const int n_steps = first < c_end ? (c_end - first + 32 * S - 1) / (32 * S) : 0;
@@ -604,8 +604,10 @@ void CudaBackend::gemm(const GemmRequest& r) {
   const int64_t n_seq = rows_per_block * nt;
   const size_t smem =
       kRingBytes + (tiled ? size_t(a.n_tiles * n_seq) * sizeof(float) : size_t(split * n_seq) * sizeof(double));
-  DSV4_CUDA_REQUIRE(groups < 65536 && row_blocks < (int64_t(1) << 31) && nb < (int64_t(1) << 31), "linear: ", r.T,
-                    " tokens × ", r.rows, " rows × K ", K, " exceed the launch limits");
+  // (The kernel indexes a row's chunks, bytes and elements in 32 bits.)
+  DSV4_CUDA_REQUIRE(groups < 65536 && row_blocks < (int64_t(1) << 31) && nb < (int64_t(1) << 30) &&
+                        K < (int64_t(1) << 30),
+                    "linear: ", r.T, " tokens × ", r.rows, " rows × K ", K, " exceed the launch limits");
   const LinearKernel kernel = linear_kernel_for(W.format, tiled, nt);
   allow_shared_memory(reinterpret_cast<const void*>(kernel), smem, "linear");
   launch(kernel, dim3(unsigned(row_blocks), unsigned(groups), unsigned(P)), kWarps * 32, smem, stream_, a);
