@@ -55,6 +55,10 @@ struct GemmRequest {
   float* y = nullptr;
   int64_t y_stride = 0, row0 = 0, rows = 0;
   Compute compute = Compute::f32;
+  // Quantized compute: x is the x of the GEMM just before this one (gate then up of an FFN), so
+  // its activation quantization, still in the scratch, is reused when that GEMM quantized the
+  // same rows of the same pointer for the same format (gemm checks; otherwise it quantizes).
+  bool x_as_before = false;
 };
 
 // Stream-ordered scratch memory, freed (in stream order) when it goes out of scope.
@@ -228,6 +232,16 @@ class CudaBackend final : public Backend {
   // rows by expert, in disjoint parts): one buffer reused by every GEMM (they run in stream
   // order), instead of allocations and frees per product.
   GrownBuffer gemm_scratch_;
+  // What the scratch's quantized activations are of (GemmRequest.x_as_before): the source rows,
+  // K, the format's layout and the scratch itself; all zero when the last GEMM left none.
+  struct QuantizedX {
+    const float* x = nullptr;
+    int64_t x_stride = 0, rows = 0, K = 0;
+    bool planes = false;
+    const void* scratch = nullptr;
+    bool operator==(const QuantizedX&) const = default;
+  };
+  QuantizedX quantized_x_;
   // The clamped SwiGLU FFN (moe.cu) over T rows: out = w2(h), h = silu(min(g, L))·clamp(u, ±L)·w
   // with g, u from w1, w3 (§3.6). up/gate carry x and the weights; down.y receives the output.
   void expert_ffn(GemmRequest gate, GemmRequest up, GemmRequest down, const float* row_weights, double limit);

@@ -575,13 +575,16 @@ void CudaBackend::gemm(const GemmRequest& r) {
       static_cast<float*>(gemm_scratch_.get(stream_, (n_qx + n_sx + std::max(n_grouping, n_parts)) * sizeof(float)));
   GemmRequest prepared = r;  // quantized: x becomes the e4m3 activations in scratch
   const float* sx = nullptr;
-  if (tiled) {
+  const QuantizedX quantized = tiled ? QuantizedX{r.x, r.x_stride, n_src, K, planes, scratch} : QuantizedX{};
+  const bool reuse = tiled && r.x_as_before && quantized == quantized_x_;
+  quantized_x_ = quantized;  // a GEMM without quantization may overwrite the scratch (K parts)
+  if (tiled && !reuse) {
     launch(act_quant_kernel, dim3(unsigned(n_src), unsigned(n_k128)), 128, 0, stream_,
         r.x, r.x_stride, K, planes ? nullptr : scratch, planes ? reinterpret_cast<uint32_t*>(scratch) : nullptr,
         plane_words, scratch + n_qx);
     DSV4_CUDA_LAUNCHED("linear (activation quantization)");
-    prepared.x = scratch, prepared.x_stride = planes ? plane_words : K, sx = scratch + n_qx;
   }
+  if (tiled) prepared.x = scratch, prepared.x_stride = planes ? plane_words : K, sx = scratch + n_qx;
   if (dmma) {
     dmma_gemm(prepared, sx, round_out, reinterpret_cast<int32_t*>(scratch + n_qx + n_sx), stream_);
     return;
