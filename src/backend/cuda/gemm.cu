@@ -40,6 +40,7 @@
 // the same sum whichever block that is. (A second kernel for the fold cost a launch per product.)
 #include <algorithm>
 
+#include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launch.cuh"
@@ -285,7 +286,7 @@ __device__ inline bool placeable(const float (&scale)[kRows]) {
 
 // The lane's ring slot for row r of the step that uses `slot`: [slot][row][thread], so a warp's
 // accesses to one slot and row are 512 contiguous bytes. Each lane reads back only what it staged
-// itself, which cp.async.wait_group makes visible to it: no barrier.
+// itself, which await_async_copies makes visible to it: no barrier.
 __device__ __forceinline__ uint4* ring_slot(unsigned char* smem, int slot, int r) {
   return reinterpret_cast<uint4*>(smem) + (slot * kRows + r) * (kWarps * 32) + threadIdx.x;
 }
@@ -302,18 +303,7 @@ __device__ __forceinline__ void stage_chunk(uint4* slot, const uint8_t* row, con
     for (int b = 0; b < 16; ++b) to[b] = ok && c * 16 + b < nb ? row[c * 16 + b] : 0;
     return;
   }
-  const unsigned to = unsigned(__cvta_generic_to_shared(slot));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(to), "l"(ok ? row + c * 16 : fallback),
-               "r"(ok ? 16 : 0)
-               : "memory");
-}
-
-__device__ __forceinline__ void commit_staged() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-
-// Waits until at most kPending of the lane's committed groups are still in flight.
-template <int kPending>
-__device__ __forceinline__ void await_staged() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+  copy_async_16(slot, ok ? row + c * 16 : fallback, ok);
 }
 
 // Phase 2. Grid (row blocks, token groups of kNT); see the top for the work split. With a table,
@@ -383,14 +373,14 @@ __global__ void __launch_bounds__(kWarps * 32, kNT == 1 ? 3 : 0) linear_kernel(G
       for (int r = 0; r < kRows; ++r)
         stage_chunk(ring_slot(smem, j % kSlots, r), w_first + r * nb, w_first, c, int(nb), a.w_vec, cv && r < rows_in);
     }
-    commit_staged();
+    commit_async_copies();
   };
   for (int j = 0; j < kSlots - 1; ++j) stage(j);
   if (!a.table) await_previous_kernel();
 
   for (int j = 0; j < n_steps; ++j) {
     stage(j + kSlots - 1);
-    await_staged<kSlots - 1>();
+    await_async_copies<kSlots - 1>();
     const int c = chunk_of(j);
     const bool cv = c < c_end;
     uint4 w[kRows];

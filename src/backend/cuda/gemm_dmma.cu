@@ -14,6 +14,7 @@
 // device), and each block takes 64 rows of one group, so an expert's weights are read once per 64
 // tokens instead of once per token. Rows without an expert form a last group that writes zeros.
 #include "backend/cuda/gemm_dmma.h"
+#include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/quant.cuh"
@@ -308,13 +309,6 @@ static_assert(128 % (32 * kImmaTiles) == 0, "a stage lies in one activation scal
 constexpr int kAPitch = kImmaTiles * kPlaneWordsPerTile + 4;
 constexpr int kBPitch = kImmaTiles * 8 + 4;
 
-// 16 bytes from global to shared memory without passing through registers; zeros when !valid
-// (src is then not read).
-__device__ __forceinline__ void copy_async_16(uint32_t* dst, const uint32_t* src, bool valid) {
-  const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(to), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-
 // Starts copying stage t0's activation planes into A (zeros for absent rows and tiles past K), as
 // one group of asynchronous copies.
 __device__ __forceinline__ void stage_planes_async(const GemmRequest& p, const int64_t* src_of, int64_t t0,
@@ -328,7 +322,7 @@ __device__ __forceinline__ void stage_planes_async(const GemmRequest& p, const i
     copy_async_16(A + r * kAPitch + 4 * v, valid ? planes + s * p.x_stride + t0 * kPlaneWordsPerTile + 4 * v : planes,
                   valid);
   }
-  asm volatile("cp.async.commit_group;" ::: "memory");
+  commit_async_copies();
 }
 
 // This thread's share of a stage's weights (output row threadIdx.x / 2, tile threadIdx.x % 2, as
@@ -394,9 +388,9 @@ __global__ void __launch_bounds__(kThreads, 3) imma_fp4_kernel(DmmaArgs args, Gr
     const bool more = t0 + kImmaTiles < n_tiles;
     if (more) {
       stage_planes_async(p, src_of, t0 + kImmaTiles, n_tiles, As[(stage + 1) % 2]);
-      asm volatile("cp.async.wait_group 1;" ::: "memory");  // this stage's planes have arrived
+      await_async_copies<1>();  // this stage's planes have arrived
     } else {
-      asm volatile("cp.async.wait_group 0;" ::: "memory");
+      await_async_copies<0>();
     }
     __syncthreads();
     if (more) next = load_stage(args, W, src_of, n0, t0 + kImmaTiles, n_tiles, w_vec);

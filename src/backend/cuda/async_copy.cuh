@@ -1,0 +1,27 @@
+// Copies from global to shared memory that pass through no register (cp.async, sm_80 on), in
+// groups a thread commits and then waits for, all but its newest few. Used by the decode GEMV's
+// weight ring (gemm.cu) and the integer tensor-core GEMM's plane staging (gemm_dmma.cu).
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace dsv4::cuda {
+
+// 16 bytes from src (global) to dst (shared); zeros when !valid, and src, which must still be an
+// address, is then not read.
+__device__ __forceinline__ void copy_async_16(void* dst, const void* src, bool valid) {
+  const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(to), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+
+// Closes the thread's copies issued since the last commit into one group.
+__device__ __forceinline__ void commit_async_copies() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+// Waits until at most kPending of the thread's committed groups are still in flight; what the
+// others copied is then visible to this thread (to others after a barrier).
+template <int kPending>
+__device__ __forceinline__ void await_async_copies() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
+}  // namespace dsv4::cuda
