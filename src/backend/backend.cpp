@@ -5,12 +5,19 @@
 
 namespace dsv4 {
 
-const char* to_string(Numerics numerics) { return numerics == Numerics::deepseek ? "deepseek" : "plain"; }
+const char* to_string(Numerics numerics) {
+  switch (numerics) {
+    case Numerics::deepseek: return "deepseek";
+    case Numerics::plain: return "plain";
+    case Numerics::deepseek_tc: return "deepseek-tc";
+  }
+  return "?";
+}
 
 Numerics parse_numerics(const std::string& name) {
-  if (name == "deepseek") return Numerics::deepseek;
-  if (name == "plain") return Numerics::plain;
-  fail(ErrorCode::invalid_input, "numerics '{}': expected 'deepseek' or 'plain'", name);
+  for (Numerics n : {Numerics::deepseek, Numerics::plain, Numerics::deepseek_tc})
+    if (name == to_string(n)) return n;
+  fail(ErrorCode::invalid_input, "numerics '{}': expected 'deepseek', 'plain' or 'deepseek-tc'", name);
 }
 
 void Backend::grouped_linear(const model::Linear& W, Compute compute, const float* x, int64_t T, int64_t groups,

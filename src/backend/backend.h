@@ -24,9 +24,16 @@
 
 namespace dsv4 {
 
-enum class Numerics { deepseek, plain };
+// deepseek_tc is deepseek with one change, on the GPU only: the dense FP8 products of many token
+// rows (prefill) sum their K tiles on the FP8 tensor cores (cuBLASLt, 1×128 activation and
+// 128×128 weight block scales), as DeepSeek's own kernels do, instead of exactly. Those sums keep
+// fewer bits than the exact tile partial, and these numerics are chaotic (tools/oracle/NOTES.md
+// §2, §5), so it matches deepseek statistically, not bit for bit.
+enum class Numerics { deepseek, plain, deepseek_tc };
 const char* to_string(Numerics numerics);
-Numerics parse_numerics(const std::string& name);  // "deepseek" | "plain"
+Numerics parse_numerics(const std::string& name);  // "deepseek" | "plain" | "deepseek-tc"
+// Whether the numerics run the official quantization steps (deepseek and deepseek_tc).
+inline bool quantizes(Numerics numerics) { return numerics != Numerics::plain; }
 
 // How a matrix product is computed (§3.0 "Linear kinds"). In plain numerics all are fp32.
 enum class Compute {

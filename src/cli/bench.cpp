@@ -429,7 +429,7 @@ const bool registered = register_command({"bench", "Prefill and decode speed, by
       app.add_option("--layers", o->layers, "synthetic: keep the first N layers");
       app.add_option("--seed", o->seed, "synthetic weights and prompt ids")->capture_default_str();
       app.add_option("--device", o->device, "cpu | cuda")->capture_default_str();
-      app.add_option("--numerics", o->numerics, "deepseek | plain")->capture_default_str();
+      app.add_option("--numerics", o->numerics, "deepseek | plain | deepseek-tc (GPU: FP8 tensor-core prefill products)")->capture_default_str();
       app.add_option("--state-layout", o->state_layout, kStateLayoutHelp);
       app.add_option("--prompt-lens", o->prompt_lens, "prompt lengths to time prefill on, e.g. 512,8192 (or none)")
           ->capture_default_str();

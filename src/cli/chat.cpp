@@ -123,7 +123,7 @@ const bool registered = register_command({"chat", "Chat in the terminal (V4 prom
       app.add_option("--top-p", o->sampling.top_p)->capture_default_str();
       app.add_option("--top-k", o->sampling.top_k)->capture_default_str();
       app.add_option("--seed", o->sampling.seed)->capture_default_str();
-      app.add_option("--numerics", o->numerics, "deepseek | plain")->capture_default_str();
+      app.add_option("--numerics", o->numerics, "deepseek | plain | deepseek-tc (GPU: FP8 tensor-core prefill products)")->capture_default_str();
       app.add_option("--device", o->device, "cpu | cuda")->capture_default_str();
       app.add_flag("--speculative", o->speculative, "speculative decoding with the MTP block's drafts (as generate)");
       return [o] { return run_chat(*o); };

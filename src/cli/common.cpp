@@ -22,7 +22,7 @@ namespace dsv4::cli {
 std::string default_model_dir() { return DSV4_DEFAULT_MODEL; }
 
 StateLayout state_layout_option(const std::string& option, Numerics numerics) {
-  if (option.empty()) return numerics == Numerics::deepseek ? StateLayout::compact : StateLayout::f32;
+  if (option.empty()) return quantizes(numerics) ? StateLayout::compact : StateLayout::f32;
   return parse_state_layout(option);
 }
 

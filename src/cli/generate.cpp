@@ -159,7 +159,7 @@ const bool registered = register_command({"generate", "Generate tokens from a pr
       app.add_option("--top-p", o->sampling.top_p)->capture_default_str();
       app.add_option("--top-k", o->sampling.top_k, "0 = no limit")->capture_default_str();
       app.add_option("--seed", o->sampling.seed)->capture_default_str();
-      app.add_option("--numerics", o->numerics, "deepseek | plain")->capture_default_str();
+      app.add_option("--numerics", o->numerics, "deepseek | plain | deepseek-tc (GPU: FP8 tensor-core prefill products)")->capture_default_str();
       app.add_option("--state-layout", o->state_layout, kStateLayoutHelp);
       app.add_option("--device", o->device, "cpu | cuda")->capture_default_str();
       app.add_option("--chunk", o->chunk,

@@ -65,7 +65,7 @@ const bool registered = register_command({"logits", "Write the logits of every p
       app.add_option("--model", o->model, "checkpoint folder")->capture_default_str();
       app.add_option("--input", o->input, "JSON file {\"tokens\": [...]}")->required();
       app.add_option("--output", o->output, "raw float32 [n_tokens, vocab]")->required();
-      app.add_option("--numerics", o->numerics, "deepseek | plain")->capture_default_str();
+      app.add_option("--numerics", o->numerics, "deepseek | plain | deepseek-tc (GPU: FP8 tensor-core prefill products)")->capture_default_str();
       app.add_option("--state-layout", o->state_layout, kStateLayoutHelp);
       app.add_option("--device", o->device, "cpu | cuda")->capture_default_str();
       app.add_option("--chunk", o->chunk, "prefill chunk size (0 = one pass)")->capture_default_str();

@@ -172,7 +172,7 @@ const bool registered = register_command({"serve", "OpenAI-compatible HTTP serve
       app.add_option("--max-body-mb", o->max_body_mb, "largest request body")->capture_default_str();
       app.add_option("--shutdown-grace", o->shutdown_grace_s, "seconds in-flight requests get after SIGTERM")
           ->capture_default_str();
-      app.add_option("--numerics", o->numerics, "deepseek | plain")->capture_default_str();
+      app.add_option("--numerics", o->numerics, "deepseek | plain | deepseek-tc (GPU: FP8 tensor-core prefill products)")->capture_default_str();
       app.add_option("--state-layout", o->state_layout, kStateLayoutHelp);
       app.add_option("--device", o->device, "cpu | cuda")->capture_default_str();
       // Test-only: every generation emits the tokens of FILE's text, then EOS (the tool-call

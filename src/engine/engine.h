@@ -37,9 +37,9 @@ class Model {
 // the oracle's dumps.
 using Tracer = std::function<void(const std::string& name, const std::vector<int64_t>& shape, const float* data)>;
 
-// Compact in deepseek numerics (exact there), f32 in plain (its rows are not quantized).
+// Compact in the deepseek numerics (exact there), f32 in plain (its rows are not quantized).
 inline StateLayout default_state_layout(Numerics numerics) {
-  return numerics == Numerics::deepseek ? StateLayout::compact : StateLayout::f32;
+  return quantizes(numerics) ? StateLayout::compact : StateLayout::f32;
 }
 
 // Which logits a step of forward_batch returns.

@@ -60,7 +60,7 @@ static bool moves_window(const model::CompressorWeights& cw, int64_t q) {
 SequenceState::SequenceState(Backend& backend, const model::ModelConfig& c, const model::Weights& weights,
                              StateLayout layout, bool drafts)
     : backend_(backend), weights_(weights), layout_(layout) {
-  if (layout == StateLayout::compact && backend.numerics() != Numerics::deepseek)
+  if (layout == StateLayout::compact && !quantizes(backend.numerics()))
     fail(ErrorCode::invalid_input,
          "the compact state layout holds the deepseek numerics' FP8/FP4 rows exactly; with {} numerics use the f32 "
          "layout", to_string(backend.numerics()));

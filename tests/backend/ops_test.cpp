@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "core/error.h"
 #include "core/formats.h"
 
 namespace dsv4 {
@@ -17,6 +18,21 @@ std::vector<float> random_vector(size_t n, uint32_t seed, float scale = 1.0f) {
   std::vector<float> v(n);
   for (float& x : v) x = round_bf16(dist(rng));
   return v;
+}
+
+TEST(Ops, NumericsNamesRoundTripAndTheCpuRefusesTensorCoreNumerics) {
+  for (Numerics n : {Numerics::deepseek, Numerics::plain, Numerics::deepseek_tc})
+    EXPECT_EQ(parse_numerics(to_string(n)), n);
+  EXPECT_TRUE(quantizes(Numerics::deepseek_tc));
+  EXPECT_FALSE(quantizes(Numerics::plain));
+  try {
+    make_cpu_backend(Numerics::deepseek_tc);
+    FAIL() << "the CPU backend accepted deepseek-tc";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::invalid_input);
+    EXPECT_NE(std::string(e.what()).find("--device cuda"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(parse_numerics("fast"), Error);
 }
 
 TEST(Ops, KvFp8SimulationLandsOnTheGridAndIsIdempotent) {

@@ -39,5 +39,10 @@ void CpuBackend::pack_rows(const RowFormat& f, const float* rows, int64_t n, flo
 }  // namespace dsv4::cpu
 
 namespace dsv4 {
-std::unique_ptr<Backend> make_cpu_backend(Numerics numerics) { return std::make_unique<cpu::CpuBackend>(numerics); }
+std::unique_ptr<Backend> make_cpu_backend(Numerics numerics) {
+  if (numerics == Numerics::deepseek_tc)
+    fail(ErrorCode::invalid_input, "numerics 'deepseek-tc' sums FP8 products on a GPU's FP8 tensor cores, which the CPU "
+         "has none of: use --device cuda, or 'deepseek' (the exact arithmetic) on the CPU");
+  return std::make_unique<cpu::CpuBackend>(numerics);
+}
 }  // namespace dsv4

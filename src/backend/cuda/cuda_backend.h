@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -44,6 +45,7 @@ struct LinearView {
 // for token rows m in [0, T). W_m is `W`, or table[view_of_row[m]] when a table is given (the
 // routed experts: one matrix per (token, slot) row; an out-of-range index yields 0).
 struct AttnArgs;  // one attention call's operands (attention.cu)
+class Fp8TensorCoreGemm;  // deepseek-tc's FP8 products (gemm_fp8_tc.h)
 
 struct GemmRequest {
   LinearView W;
@@ -168,7 +170,7 @@ class CudaBackend final : public Backend {
            int64_t D, int64_t k, double limit, float* out) override;
 
  private:
-  bool deepseek() const { return numerics() == Numerics::deepseek; }
+  bool deepseek() const { return quantizes(numerics()); }
 
   // ---- per-op GPU time (profile.cpp) ----
   // With DSV4_CUDA_PROFILE=1 every public op is fenced by two events and waited for, and its GPU
@@ -179,7 +181,8 @@ class CudaBackend final : public Backend {
   // to_host, so a caller can profile only the passes it wants (dsv4 bench: decode).
   class Timed {
    public:
-    Timed(CudaBackend& b, const char* op, const std::string& detail = {}, double bytes = 0);
+    // bytes: the weights it reads; flops: its matrix products' multiply-adds × 2.
+    Timed(CudaBackend& b, const char* op, const std::string& detail = {}, double bytes = 0, double flops = 0);
     ~Timed();
     Timed(const Timed&) = delete;
     Timed& operator=(const Timed&) = delete;
@@ -187,12 +190,12 @@ class CudaBackend final : public Backend {
    private:
     CudaBackend& b_;
     std::string name_;
-    double bytes_;
+    double bytes_, flops_;
     bool active_;
     size_t uploads_before_;
   };
   struct OpStat {
-    double ms = 0, bytes = 0;
+    double ms = 0, bytes = 0, flops = 0;
     int64_t calls = 0;
   };
   static bool profile_requested();
@@ -235,13 +238,17 @@ class CudaBackend final : public Backend {
   // What the scratch's quantized activations are of (GemmRequest.x_as_before): the source rows,
   // K, the format's layout and the scratch itself; all zero when the last GEMM left none.
   struct QuantizedX {
+    // e4m3 values as floats, e4m3 bytes (deepseek-tc's tensor cores), integer byte planes (FP4)
+    enum Form { values, codes, planes };
     const float* x = nullptr;
     int64_t x_stride = 0, rows = 0, K = 0;
-    bool planes = false;
+    Form form = values;
     const void* scratch = nullptr;
     bool operator==(const QuantizedX&) const = default;
   };
   QuantizedX quantized_x_;
+  // deepseek-tc only: the dense FP8 products of many rows on the FP8 tensor cores (gemm_fp8_tc.cu).
+  std::unique_ptr<Fp8TensorCoreGemm> fp8_tc_;
   // The clamped SwiGLU FFN (moe.cu) over T rows: out = w2(h), h = silu(min(g, L))·clamp(u, ±L)·w
   // with g, u from w1, w3 (§3.6). up/gate carry x and the weights; down.y receives the output.
   void expert_ffn(GemmRequest gate, GemmRequest up, GemmRequest down, const float* row_weights, double limit);

@@ -38,6 +38,8 @@
 // holds P parts of the chunks, each block writes its double sums to scratch, and the block that
 // finishes last (an arrival count per output block) adds the P parts in part order and rounds:
 // the same sum whichever block that is. (A second kernel for the fold cost a launch per product.)
+#include <cuda_fp8.h>
+
 #include <algorithm>
 
 #include "backend/cuda/async_copy.cuh"
@@ -45,6 +47,7 @@
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/gemm_dmma.h"
+#include "backend/cuda/gemm_fp8_tc.h"
 #include "backend/cuda/quant.cuh"
 #include "backend/cuda/weight_access.cuh"
 
@@ -69,10 +72,11 @@ __host__ __device__ constexpr int chunk_elems(int format) {
 
 // Phase 1: ActQuantFP8 of each 128-block of each source row. Grid (rows, K blocks), 128 threads,
 // one element each; the block's amax by a block-wide fmax. The e4m3 values go to qx as floats,
-// or, for FP4 weights, to `planes` as the integers k = x · 2^9 in three byte planes per group of 4
-// (see the top; plane_words per row, K padded with zeros to whole 32-tiles).
-__global__ void act_quant_kernel(const float* x, int64_t x_stride, int64_t K, float* qx, uint32_t* planes,
-                                 int64_t plane_words, float* sx) {
+// to `codes` as e4m3 bytes (the FP8 tensor cores' operand, deepseek-tc), or, for FP4 weights, to
+// `planes` as the integers k = x · 2^9 in three byte planes per group of 4 (see the top;
+// plane_words per row, K padded with zeros to whole 32-tiles). One of the three is given.
+__global__ void act_quant_kernel(const float* x, int64_t x_stride, int64_t K, float* qx, uint8_t* codes,
+                                 uint32_t* planes, int64_t plane_words, float* sx) {
   await_previous_kernel();
   __shared__ float scratch[32];
   const int64_t m = blockIdx.x, b = blockIdx.y, k = b * 128 + threadIdx.x;
@@ -80,6 +84,10 @@ __global__ void act_quant_kernel(const float* x, int64_t x_stride, int64_t K, fl
   const float amax = block_max(fabsf(v), scratch);
   const int e = fp8_scale_exp(amax);
   if (threadIdx.x == 0) sx[m * gridDim.y + b] = ldexpf(1.0f, e);
+  if (codes) {  // the value is on the e4m3 grid: the conversion is exact
+    if (k < K) codes[m * K + k] = __nv_cvt_float_to_fp8(fp8_quantize(v, e), __NV_SATFINITE, __NV_E4M3);
+    return;
+  }
   if (!planes) {
     if (k < K) qx[m * K + k] = fp8_quantize(v, e);
     return;
@@ -531,16 +539,20 @@ void CudaBackend::gemm(const GemmRequest& r) {
   // kernel, which reads each row's scale.
   const bool dmma = (r.table ? r.T >= kDmmaMinRowsPerExpert * r.n_views : r.T >= kDmmaMinRows) ||
                     (W.format == kFp8 && r.row0 % 4 != 0);
+  // deepseek-tc: the dense FP8 products of many rows go to the FP8 tensor cores instead.
+  const bool tensor_cores = tiled && fp8_tc_ && fp8_tc_->handles(r);
   const bool round_out = deepseek() && r.compute != Compute::f32;
   const int64_t n_src = (r.T + r.x_div - 1) / r.x_div, n_k128 = (K + 127) / 128;
   // One scratch buffer, in parts that are live together: the quantized activations, their scales
   // and the FP64 path's grouping of rows by expert (int32, as wide as a float).
   // FP4 weights read the activations as integer byte planes (see the top), on either kernel.
   const bool planes = tiled && W.format == kFp4;
+  const QuantizedX::Form form = planes ? QuantizedX::planes : tensor_cores ? QuantizedX::codes : QuantizedX::values;
   const int64_t plane_words = planes ? (K + 31) / 32 * 24 : 0;
-  const size_t n_qx = tiled ? (size_t(n_src * (planes ? plane_words : K)) + 3) / 4 * 4 : 0;  // scales 16-byte aligned
+  const int64_t row_floats = planes ? plane_words : tensor_cores ? (K + 3) / 4 : K;  // codes: 4 bytes a float
+  const size_t n_qx = tiled ? (size_t(n_src * row_floats) + 3) / 4 * 4 : 0;  // scales 16-byte aligned
   const size_t n_sx = tiled ? size_t(n_src * n_k128) : 0;
-  const size_t n_grouping = dmma ? size_t(dmma_scratch_ints(r)) : 0;
+  const size_t n_grouping = dmma && !tensor_cores ? size_t(dmma_scratch_ints(r)) : 0;
 
   // The decode kernel's shape (see the top): nt token rows per group (one with a table: each row
   // has its own matrix); S warps per group of 4 rows, the fewest that still give every SM two
@@ -565,14 +577,19 @@ void CudaBackend::gemm(const GemmRequest& r) {
       static_cast<float*>(gemm_scratch_.get(stream_, (n_qx + n_sx + std::max(n_grouping, n_parts)) * sizeof(float)));
   GemmRequest prepared = r;  // quantized: x becomes the e4m3 activations in scratch
   const float* sx = nullptr;
-  const QuantizedX quantized = tiled ? QuantizedX{r.x, r.x_stride, n_src, K, planes, scratch} : QuantizedX{};
+  const QuantizedX quantized = tiled ? QuantizedX{r.x, r.x_stride, n_src, K, form, scratch} : QuantizedX{};
   const bool reuse = tiled && r.x_as_before && quantized == quantized_x_;
   quantized_x_ = quantized;  // a GEMM without quantization may overwrite the scratch (K parts)
   if (tiled && !reuse) {
-    launch(act_quant_kernel, dim3(unsigned(n_src), unsigned(n_k128)), 128, 0, stream_,
-        r.x, r.x_stride, K, planes ? nullptr : scratch, planes ? reinterpret_cast<uint32_t*>(scratch) : nullptr,
-        plane_words, scratch + n_qx);
+    launch(act_quant_kernel, dim3(unsigned(n_src), unsigned(n_k128)), 128, 0, stream_, r.x, r.x_stride, K,
+           form == QuantizedX::values ? scratch : nullptr,
+           form == QuantizedX::codes ? reinterpret_cast<uint8_t*>(scratch) : nullptr,
+           form == QuantizedX::planes ? reinterpret_cast<uint32_t*>(scratch) : nullptr, plane_words, scratch + n_qx);
     DSV4_CUDA_LAUNCHED("linear (activation quantization)");
+  }
+  if (tensor_cores) {
+    fp8_tc_->run(r, reinterpret_cast<const uint8_t*>(scratch), scratch + n_qx, stream_);
+    return;
   }
   if (tiled) prepared.x = scratch, prepared.x_stride = planes ? plane_words : K, sx = scratch + n_qx;
   if (dmma) {
@@ -615,7 +632,8 @@ void CudaBackend::require_quantizable(const model::Linear& W, Compute compute) c
 
 void CudaBackend::linear(const model::Linear& W, Compute compute, const float* x, int64_t x_stride, int64_t T,
                          float* y, int64_t y_stride, int64_t row0, int64_t rows) {
-  Timed timed(*this, "linear", W.name, double(W.bytes()) * double(rows) / double(W.out));
+  Timed timed(*this, "linear", W.name, double(W.bytes()) * double(rows) / double(W.out),
+              2.0 * double(T) * double(rows) * double(W.in));
   DSV4_CUDA_REQUIRE(row0 >= 0 && row0 + rows <= W.out, W.name, ": rows [", row0, ", ", row0 + rows, ") of ", W.out);
   require_quantizable(W, compute);
   GemmRequest r;
@@ -639,7 +657,7 @@ void CudaBackend::grouped_linear(const model::Linear& W, Compute compute, const 
   const int64_t R = W.out / groups;
   if (T >= kDmmaMinRowsPerExpert || (W.format == model::WeightFormat::fp8 && R % 128 != 0))
     return Backend::grouped_linear(W, compute, x, T, groups, y);
-  Timed timed(*this, "linear", W.name, double(W.bytes()));
+  Timed timed(*this, "linear", W.name, double(W.bytes()), 2.0 * double(T) * double(W.out) * double(W.in));
   require_quantizable(W, compute);
   GemmRequest r;
   r.W = device_linear(W);

@@ -158,8 +158,10 @@ void CudaBackend::moe(const model::MoeWeights& m, const float* x, const int32_t*
   const int64_t F = m.experts[0].w1.out;
   auto ffn_bytes = [](const model::ExpertWeights& e) { return double(e.w1.bytes() + e.w2.bytes() + e.w3.bytes()); };
   // Weights read: the selected experts (all distinct when T·k ≤ E, as in decode) and the shared one.
+  // Multiply-adds: three D × F products per routed (token, slot) row and per token for the shared expert.
   Timed timed(*this, "moe", {},
-              double(std::min(T * k, E)) * ffn_bytes(m.experts[0]) + (m.shared ? ffn_bytes(*m.shared) : 0.0));
+              double(std::min(T * k, E)) * ffn_bytes(m.experts[0]) + (m.shared ? ffn_bytes(*m.shared) : 0.0),
+              6.0 * double(T) * double(k + (m.shared ? 1 : 0)) * double(D) * double(F));
   for (const model::ExpertWeights& e : m.experts)
     DSV4_CUDA_REQUIRE(e.w1.out == F && e.w3.out == F && e.w2.out == D && e.w1.in == D && e.w2.in == F,
                       "moe: expert ", e.w1.name, " shapes differ from the first expert's");

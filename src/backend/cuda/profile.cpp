@@ -26,8 +26,8 @@ std::string op_class(const std::string& weight) {
 
 }  // namespace
 
-CudaBackend::Timed::Timed(CudaBackend& b, const char* op, const std::string& detail, double bytes)
-    : b_(b), bytes_(bytes), active_(b.profile_ && b.profile_depth_ == 0),
+CudaBackend::Timed::Timed(CudaBackend& b, const char* op, const std::string& detail, double bytes, double flops)
+    : b_(b), bytes_(bytes), flops_(flops), active_(b.profile_ && b.profile_depth_ == 0),
       uploads_before_(b.uploads_.size() + b.tables_.size()) {
   ++b_.profile_depth_;
   if (!active_) return;  // (every op makes one: nothing to format unless it is timed)
@@ -50,7 +50,7 @@ CudaBackend::Timed::~Timed() {
     return;
   if (b_.uploads_.size() + b_.tables_.size() != uploads_before_) return;  // a first use
   OpStat& st = b_.profile_stats_[name_];
-  st.ms += ms, st.bytes += bytes_, ++st.calls;
+  st.ms += ms, st.bytes += bytes_, st.flops += flops_, ++st.calls;
 }
 
 bool CudaBackend::profile_requested() {
@@ -65,10 +65,14 @@ void CudaBackend::print_profile() const {
   double total = 0;
   for (const auto& [name, st] : rows) total += st.ms;
   fmt::print(stderr, "GPU time per op (DSV4_CUDA_PROFILE), {:.1f} ms in all:\n", total);
-  fmt::print(stderr, "  {:<34} {:>9} {:>6} {:>8} {:>10} {:>8}\n", "op", "ms", "%", "calls", "us/call", "GB/s");
+  fmt::print(stderr, "  {:<34} {:>9} {:>6} {:>8} {:>10} {:>8} {:>8}\n", "op", "ms", "%", "calls", "us/call", "GB/s",
+             "TFLOP/s");
+  auto rate = [](double amount, double ms, double unit) {
+    return amount > 0 ? fmt::format("{:.{}f}", amount / ms / unit, unit > 1e6 ? 1 : 0) : std::string();
+  };
   for (const auto& [name, st] : rows)
-    fmt::print(stderr, "  {:<34} {:>9.2f} {:>6.1f} {:>8} {:>10.1f} {:>8}\n", name, st.ms, 100 * st.ms / total, st.calls,
-               1e3 * st.ms / double(st.calls), st.bytes > 0 ? fmt::format("{:.0f}", st.bytes / st.ms / 1e6) : "");
+    fmt::print(stderr, "  {:<34} {:>9.2f} {:>6.1f} {:>8} {:>10.1f} {:>8} {:>8}\n", name, st.ms, 100 * st.ms / total,
+               st.calls, 1e3 * st.ms / double(st.calls), rate(st.bytes, st.ms, 1e6), rate(st.flops, st.ms, 1e9));
 }
 
 }  // namespace dsv4::cuda
