@@ -83,7 +83,8 @@ __global__ void act_quant_kernel(const float* x, int64_t x_stride, int64_t K, fl
   const float v = k < K ? x[m * x_stride + k] : 0.0f;
   const float amax = block_max(fabsf(v), scratch);
   const int e = fp8_scale_exp(amax);
-  if (threadIdx.x == 0) sx[m * gridDim.y + b] = ldexpf(1.0f, e);
+  // The scales per row, [rows][K/128]; for the FP8 tensor cores per K block, [K/128][rows] (their layout).
+  if (threadIdx.x == 0) sx[codes ? b * gridDim.x + m : m * gridDim.y + b] = ldexpf(1.0f, e);
   if (codes) {  // the value is on the e4m3 grid: the conversion is exact
     if (k < K) codes[m * K + k] = __nv_cvt_float_to_fp8(fp8_quantize(v, e), __NV_SATFINITE, __NV_E4M3);
     return;

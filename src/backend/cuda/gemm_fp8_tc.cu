@@ -2,11 +2,15 @@
 //
 // In cuBLASLt's column-major terms y[T, N]ᵀ = W[N, K] · x[T, K]ᵀ: A is the weight matrix stored
 // K-major (op T), B the activation codes (op N), D y's rows (ld = y_stride). Hopper's FP8 matmul
-// takes exactly this "TN" form. The scale tensors hold one fp32 per block with the K blocks
-// innermost: the activations' [T, K/128] as act_quant writes them, the weights' [N/128, K/128] as
-// the checkpoint stores them. cuBLASLt writes fp32, which a second kernel rounds to bf16 like
-// every quantized product's output.
+// takes exactly this "TN" form. The scale tensors hold one fp32 per block (cuBLAS's "scaling factors
+// layouts"): the activations' 1×128 scales with the token rows innermost, [K/128][T], which
+// act_quant writes for this path; the weights' 128×128 scales with the K blocks innermost and
+// their count rounded up to a multiple of 4, [N/128][L4], copied once from the checkpoint's
+// [N/128][K/128]. cuBLASLt writes fp32, which a second kernel rounds to bf16 like every quantized
+// product's output (or, where only bf16 output has an algorithm, bf16 that it widens).
 #include <cuda_fp8.h>
+
+#include <cstdio>
 
 #include "backend/cuda/gemm_fp8_tc.h"
 #include "backend/cuda/launch.cuh"
@@ -30,19 +34,31 @@ void set(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attribute, co
   check_lt(cublasLtMatmulDescSetAttribute(desc, attribute, &value, sizeof(value)), "cublasLtMatmulDescSetAttribute");
 }
 
-__global__ void e8m0_to_f32_kernel(const uint8_t* e, int64_t n, float* out) {
+// The weights' block scales [rows / 128][cols] (E8M0 bytes, or f32) as fp32 [rows / 128][L4], L4
+// = cols rounded up to a multiple of 4, the padding zero.
+__global__ void weight_scales_kernel(const uint8_t* scale, bool is_f32, int64_t cols, int64_t l4, int64_t n,
+                                     float* out) {
   await_previous_kernel();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = ldexpf(1.0f, int(e[i]) - 127);
+  if (i >= n) return;
+  const int64_t row = i / l4, col = i % l4, at = row * cols + col;
+  out[i] = col >= cols ? 0.0f
+           : is_f32    ? reinterpret_cast<const float*>(scale)[at]
+                       : ldexpf(1.0f, int(scale[at]) - 127);
 }
 
-// y[t, 0 : rows) = bf16(y[t, 0 : rows)) for t < T, rows of y_stride.
-__global__ void round_rows_bf16_kernel(float* y, int64_t y_stride, int64_t rows, int64_t T) {
+// y[t, 0 : rows) = bf16(src[t, 0 : rows)) for t < T (src: fp32 rows of y_stride, y itself; or bf16
+// rows of `rows`).
+template <class Src>
+__global__ void round_rows_bf16_kernel(const Src* src, float* y, int64_t y_stride, int64_t rows, int64_t T) {
   await_previous_kernel();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * T) return;
-  float& v = y[i / rows * y_stride + i % rows];
-  v = round_bf16(v);
+  const int64_t t = i / rows, n = i % rows;
+  if constexpr (sizeof(Src) == 4)
+    y[t * y_stride + n] = round_bf16(src[t * y_stride + n]);
+  else
+    y[t * y_stride + n] = bf16_to_f32(src[i]);
 }
 
 unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
@@ -84,7 +100,6 @@ Fp8TensorCoreGemm::Plan& Fp8TensorCoreGemm::plan_for(int64_t N, int64_t T, int64
   set(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, int32_t(CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F));
   check_lt(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_8F_E4M3, uint64_t(K), uint64_t(N), K), "layout A");
   check_lt(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_8F_E4M3, uint64_t(K), uint64_t(T), K), "layout B");
-  check_lt(cublasLtMatrixLayoutCreate(&p.d, CUDA_R_32F, uint64_t(N), uint64_t(T), ldd), "layout D");
 
   cublasLtMatmulPreference_t pref = nullptr;
   check_lt(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
@@ -94,23 +109,35 @@ Fp8TensorCoreGemm::Plan& Fp8TensorCoreGemm::plan_for(int64_t N, int64_t T, int64
   for (auto attribute : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
     cublasLtMatmulPreferenceSetAttribute(pref, attribute, &align, sizeof(align));
-  cublasLtMatmulHeuristicResult_t result{};
-  int found = 0;
-  const cublasStatus_t status =
-      cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
+  // fp32 output into y where cuBLASLt has an algorithm for it, else bf16 into scratch.
+  cublasStatus_t status = CUBLAS_STATUS_NOT_SUPPORTED;
+  for (const bool bf16 : {false, true}) {
+    if (p.d) cublasLtMatrixLayoutDestroy(p.d);
+    check_lt(cublasLtMatrixLayoutCreate(&p.d, bf16 ? CUDA_R_16BF : CUDA_R_32F, uint64_t(N), uint64_t(T),
+                                        bf16 ? N : ldd), "layout D");
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    status = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
+    if (status == CUBLAS_STATUS_SUCCESS && found > 0) {
+      p.found = true, p.bf16_out = bf16, p.algo = result.algo;
+      break;
+    }
+  }
   cublasLtMatmulPreferenceDestroy(pref);
-  p.found = status == CUBLAS_STATUS_SUCCESS && found > 0;
-  if (p.found) p.algo = result.algo;
+  if (!p.found)  // a slower answer, not a wrong one: say so once per shape
+    std::fprintf(stderr, "deepseek-tc: cuBLASLt has no FP8 block-scaled algorithm for %lld rows x %lld tokens x K "
+                 "%lld (%s); the exact kernels run it\n", (long long)N, (long long)T, (long long)K,
+                 cublasLtGetStatusName(status));
   return p;
 }
 
 const float* Fp8TensorCoreGemm::weight_scales(const LinearView& W, cudaStream_t stream) {
-  if (W.scale_is_f32) return reinterpret_cast<const float*>(W.scale);
   float*& f32 = scales_[W.scale];
   if (!f32) {
-    const int64_t n = (W.out + 127) / 128 * W.scale_cols;
+    const int64_t n = (W.out + 127) / 128 * scale_stride(W);
     DSV4_CUDA_CHECK(cudaMalloc(&f32, size_t(n) * sizeof(float)));
-    launch(e8m0_to_f32_kernel, blocks_for(n, 256), 256, 0, stream, W.scale, n, f32);
+    launch(weight_scales_kernel, blocks_for(n, 256), 256, 0, stream, W.scale, bool(W.scale_is_f32), W.scale_cols,
+           scale_stride(W), n, f32);
     DSV4_CUDA_LAUNCHED("linear (FP8 tensor cores: weight scales)");
   }
   return f32;
@@ -123,14 +150,21 @@ void Fp8TensorCoreGemm::run(const GemmRequest& r, const uint8_t* x_codes, const 
   Plan& p = plan_for(r.rows, r.T, K, r.y_stride);
   DSV4_CUDA_REQUIRE(p.found, "linear: no cuBLASLt FP8 algorithm for ", r.rows, " rows × ", r.T, " tokens × K ", K);
   if (!workspace_) DSV4_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
-  const float* w_scales = weight_scales(W, stream) + r.row0 / 128 * W.scale_cols;
+  const float* w_scales = weight_scales(W, stream) + r.row0 / 128 * scale_stride(W);
   set(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(w_scales));
   set(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(x_scales));
+  void* d = p.bf16_out ? bf16_out_.get(stream, size_t(r.rows * r.T) * sizeof(uint16_t)) : static_cast<void*>(r.y);
   const float one = 1.0f, zero = 0.0f;
-  check_lt(cublasLtMatmul(handle_, p.desc, &one, W.data + r.row0 * K, p.a, x_codes, p.b, &zero, r.y, p.d, r.y, p.d,
+  check_lt(cublasLtMatmul(handle_, p.desc, &one, W.data + r.row0 * K, p.a, x_codes, p.b, &zero, d, p.d, d, p.d,
                           &p.algo, workspace_, kWorkspaceBytes, stream),
            "cublasLtMatmul (FP8 block-scaled)");
-  launch(round_rows_bf16_kernel, blocks_for(r.rows * r.T, 256), 256, 0, stream, r.y, r.y_stride, r.rows, r.T);
+  const unsigned blocks = blocks_for(r.rows * r.T, 256);
+  if (p.bf16_out)
+    launch(round_rows_bf16_kernel<uint16_t>, blocks, 256, 0, stream, static_cast<const uint16_t*>(d), r.y,
+           r.y_stride, r.rows, r.T);
+  else
+    launch(round_rows_bf16_kernel<float>, blocks, 256, 0, stream, static_cast<const float*>(r.y), r.y, r.y_stride,
+           r.rows, r.T);
   DSV4_CUDA_LAUNCHED("linear (FP8 tensor cores: bf16 rounding)");
 }
 

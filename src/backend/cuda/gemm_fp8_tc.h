@@ -43,16 +43,20 @@ class Fp8TensorCoreGemm {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     cublasLtMatmulAlgo_t algo{};
-    bool found = false;  // false: cuBLASLt has no algorithm for the shape (the exact path runs)
+    bool found = false;     // false: cuBLASLt has no algorithm for the shape (the exact path runs)
+    bool bf16_out = false;  // D is bf16 in bf16_out_ (no fp32 algorithm for the shape), else fp32 in y
   };
+  // The K blocks per 128 weight rows in the fp32 scale copy: cuBLASLt reads them in fours.
+  static int64_t scale_stride(const LinearView& W) { return (W.scale_cols + 3) / 4 * 4; }
   // The plan of a shape (rows N, tokens T, depth K, y's row stride), made on first use and kept.
   Plan& plan_for(int64_t N, int64_t T, int64_t K, int64_t ldd);
-  // W's 128×128 block scales as fp32 (cuBLASLt's scale type): E8M0 bytes converted once per
-  // weight on the device and kept, f32 scales as stored.
+  // W's 128×128 block scales as fp32 [W.out / 128][scale_stride(W)], cuBLASLt's type and layout:
+  // converted once per weight on the device and kept.
   const float* weight_scales(const LinearView& W, cudaStream_t stream);
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
+  GrownBuffer bf16_out_;
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, Plan> plans_;
   std::unordered_map<const void*, float*> scales_;  // device E8M0 scales → their fp32 copy
 };
