@@ -92,12 +92,16 @@ Fp8TensorCoreGemm::Plan& Fp8TensorCoreGemm::plan_for(int64_t N, int64_t T, int64
   const auto key = std::make_tuple(N, T, K, ldd);
   if (auto it = plans_.find(key); it != plans_.end()) return it->second;
   if (!handle_) check_lt(cublasLtCreate(&handle_), "cublasLtCreate");
+  if (!workspace_) DSV4_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
   Plan& p = plans_[key];
   check_lt(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
   set(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
   set(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
   set(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, int32_t(CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F));
   set(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, int32_t(CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F));
+  // The heuristic wants scale pointers to exist; run() sets the real ones.
+  set(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(workspace_));
+  set(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(workspace_));
   check_lt(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_8F_E4M3, uint64_t(K), uint64_t(N), K), "layout A");
   check_lt(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_8F_E4M3, uint64_t(K), uint64_t(T), K), "layout B");
 
@@ -149,7 +153,6 @@ void Fp8TensorCoreGemm::run(const GemmRequest& r, const uint8_t* x_codes, const 
   const int64_t K = W.in;
   Plan& p = plan_for(r.rows, r.T, K, r.y_stride);
   DSV4_CUDA_REQUIRE(p.found, "linear: no cuBLASLt FP8 algorithm for ", r.rows, " rows × ", r.T, " tokens × K ", K);
-  if (!workspace_) DSV4_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
   const float* w_scales = weight_scales(W, stream) + r.row0 / 128 * scale_stride(W);
   set(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(w_scales));
   set(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(x_scales));
