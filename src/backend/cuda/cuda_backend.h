@@ -192,13 +192,16 @@ class CudaBackend final : public Backend {
     std::string name_;
     double bytes_, flops_;
     bool active_;
-    size_t uploads_before_;
+    size_t setups_before_;
   };
   struct OpStat {
     double ms = 0, bytes = 0, flops = 0;
     int64_t calls = 0;
   };
   static bool profile_requested();
+  // One-time work done so far (weights uploaded, tables and cuBLASLt plans made): an op that did
+  // some is left out of the profile, which times the steady state.
+  size_t setups() const;
   void print_profile() const;
   bool profile_ = false;
   int profile_depth_ = 0;

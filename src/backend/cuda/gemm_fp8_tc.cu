@@ -128,10 +128,12 @@ Fp8TensorCoreGemm::Plan& Fp8TensorCoreGemm::plan_for(int64_t N, int64_t T, int64
     }
   }
   cublasLtMatmulPreferenceDestroy(pref);
-  if (!p.found)  // a slower answer, not a wrong one: say so once per shape
+  // A slower answer, not a wrong one: said for the first few shapes (a server meets many).
+  static int untold = 3;
+  if (!p.found && untold > 0)
     std::fprintf(stderr, "deepseek-tc: cuBLASLt has no FP8 block-scaled algorithm for %lld rows x %lld tokens x K "
-                 "%lld (%s); the exact kernels run it\n", (long long)N, (long long)T, (long long)K,
-                 cublasLtGetStatusName(status));
+                 "%lld (%s); the exact kernels run it%s\n", (long long)N, (long long)T, (long long)K,
+                 cublasLtGetStatusName(status), --untold ? "" : " (further shapes are not reported)");
   return p;
 }
 

@@ -34,6 +34,9 @@ class Fp8TensorCoreGemm {
   // x_codes: [T, K] e4m3 bytes. Requires handles(r).
   void run(const GemmRequest& r, const uint8_t* x_codes, const float* x_scales, cudaStream_t stream);
 
+  // Plans and scale copies made so far (the profiler leaves calls that made one out).
+  size_t setups() const { return plans_.size() + scales_.size(); }
+
   // From this many token rows: fewer leave most of a tensor-core tile empty, where the exact
   // decode kernels stream the weights as fast.
   static constexpr int64_t kMinRows = 32;

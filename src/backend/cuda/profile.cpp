@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/gemm_fp8_tc.h"
 
 namespace dsv4::cuda {
 
@@ -28,7 +29,7 @@ std::string op_class(const std::string& weight) {
 
 CudaBackend::Timed::Timed(CudaBackend& b, const char* op, const std::string& detail, double bytes, double flops)
     : b_(b), bytes_(bytes), flops_(flops), active_(b.profile_ && b.profile_depth_ == 0),
-      uploads_before_(b.uploads_.size() + b.tables_.size()) {
+      setups_before_(b.setups()) {
   ++b_.profile_depth_;
   if (!active_) return;  // (every op makes one: nothing to format unless it is timed)
   name_ = detail.empty() ? std::string(op) : fmt::format("{} {}", op, op_class(detail));
@@ -48,9 +49,13 @@ CudaBackend::Timed::~Timed() {
       cudaEventSynchronize(b_.profile_events_[1]) != cudaSuccess ||
       cudaEventElapsedTime(&ms, b_.profile_events_[0], b_.profile_events_[1]) != cudaSuccess)
     return;
-  if (b_.uploads_.size() + b_.tables_.size() != uploads_before_) return;  // a first use
+  if (b_.setups() != setups_before_) return;  // a first use
   OpStat& st = b_.profile_stats_[name_];
   st.ms += ms, st.bytes += bytes_, st.flops += flops_, ++st.calls;
+}
+
+size_t CudaBackend::setups() const {
+  return uploads_.size() + tables_.size() + (fp8_tc_ ? fp8_tc_->setups() : 0);
 }
 
 bool CudaBackend::profile_requested() {
