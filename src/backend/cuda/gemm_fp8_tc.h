@@ -26,8 +26,9 @@ class Fp8TensorCoreGemm {
   Fp8TensorCoreGemm& operator=(const Fp8TensorCoreGemm&) = delete;
 
   // Whether r can run here: FP8 weights with 128×128 block scales, one matrix (no expert table),
-  // one activation row per token row, at least kMinRows of them, whole 128-row scale blocks from
-  // row0, K a multiple of 128, y rows 16-byte aligned, and a cuBLASLt algorithm for the shape.
+  // one activation row per token row, at least kMinRows of them and a multiple of 4, whole
+  // 128-row scale blocks from row0, K a multiple of 128, y rows 16-byte aligned, and a cuBLASLt
+  // algorithm for the shape.
   bool handles(const GemmRequest& r);
   // y[t, row0 : row0+rows] = bf16(x_codes[t] · W[row0 : row0+rows]ᵀ), each K tile's product
   // scaled by x_scales[t, tile] (the activations' [T, K/128] scales) and the weight block's scale.
