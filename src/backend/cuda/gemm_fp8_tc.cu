@@ -7,7 +7,7 @@
 // act_quant writes for this path; the weights' 128×128 scales with the K blocks innermost and
 // their count rounded up to a multiple of 4, [N/128][L4], copied once from the checkpoint's
 // [N/128][K/128]. cuBLASLt writes fp32, which a second kernel rounds to bf16 like every quantized
-// product's output (or, where only bf16 output has an algorithm, bf16 that it widens).
+// product's output.
 #include <cuda_fp8.h>
 
 #include <cstdio>
@@ -47,18 +47,13 @@ __global__ void weight_scales_kernel(const uint8_t* scale, bool is_f32, int64_t 
                        : ldexpf(1.0f, int(scale[at]) - 127);
 }
 
-// y[t, 0 : rows) = bf16(src[t, 0 : rows)) for t < T (src: fp32 rows of y_stride, y itself; or bf16
-// rows of `rows`).
-template <class Src>
-__global__ void round_rows_bf16_kernel(const Src* src, float* y, int64_t y_stride, int64_t rows, int64_t T) {
+// y[t, 0 : rows) = bf16(y[t, 0 : rows)) for t < T, rows of y_stride.
+__global__ void round_rows_bf16_kernel(float* y, int64_t y_stride, int64_t rows, int64_t T) {
   await_previous_kernel();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * T) return;
-  const int64_t t = i / rows, n = i % rows;
-  if constexpr (sizeof(Src) == 4)
-    y[t * y_stride + n] = round_bf16(src[t * y_stride + n]);
-  else
-    y[t * y_stride + n] = bf16_to_f32(src[i]);
+  float& v = y[i / rows * y_stride + i % rows];
+  v = round_bf16(v);
 }
 
 unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
@@ -116,20 +111,13 @@ Fp8TensorCoreGemm::Plan& Fp8TensorCoreGemm::plan_for(int64_t N, int64_t T, int64
   for (auto attribute : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
     cublasLtMatmulPreferenceSetAttribute(pref, attribute, &align, sizeof(align));
-  // fp32 output into y where cuBLASLt has an algorithm for it, else bf16 into scratch.
-  cublasStatus_t status = CUBLAS_STATUS_NOT_SUPPORTED;
-  for (const bool bf16 : {false, true}) {
-    if (p.d) cublasLtMatrixLayoutDestroy(p.d);
-    check_lt(cublasLtMatrixLayoutCreate(&p.d, bf16 ? CUDA_R_16BF : CUDA_R_32F, uint64_t(N), uint64_t(T),
-                                        bf16 ? N : ldd), "layout D");
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    status = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
-    if (status == CUBLAS_STATUS_SUCCESS && found > 0) {
-      p.found = true, p.bf16_out = bf16, p.algo = result.algo;
-      break;
-    }
-  }
+  check_lt(cublasLtMatrixLayoutCreate(&p.d, CUDA_R_32F, uint64_t(N), uint64_t(T), ldd), "layout D");
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t status =
+      cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
+  p.found = status == CUBLAS_STATUS_SUCCESS && found > 0;
+  if (p.found) p.algo = result.algo;
   cublasLtMatmulPreferenceDestroy(pref);
   // A slower answer, not a wrong one: said for the first few shapes (a server meets many).
   static int untold = 3;
@@ -161,18 +149,11 @@ void Fp8TensorCoreGemm::run(const GemmRequest& r, const uint8_t* x_codes, const 
   const float* w_scales = weight_scales(W, stream) + r.row0 / 128 * scale_stride(W);
   set(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(w_scales));
   set(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(x_scales));
-  void* d = p.bf16_out ? bf16_out_.get(stream, size_t(r.rows * r.T) * sizeof(uint16_t)) : static_cast<void*>(r.y);
   const float one = 1.0f, zero = 0.0f;
-  check_lt(cublasLtMatmul(handle_, p.desc, &one, W.data + r.row0 * K, p.a, x_codes, p.b, &zero, d, p.d, d, p.d,
+  check_lt(cublasLtMatmul(handle_, p.desc, &one, W.data + r.row0 * K, p.a, x_codes, p.b, &zero, r.y, p.d, r.y, p.d,
                           &p.algo, workspace_, kWorkspaceBytes, stream),
            "cublasLtMatmul (FP8 block-scaled)");
-  const unsigned blocks = blocks_for(r.rows * r.T, 256);
-  if (p.bf16_out)
-    launch(round_rows_bf16_kernel<uint16_t>, blocks, 256, 0, stream, static_cast<const uint16_t*>(d), r.y,
-           r.y_stride, r.rows, r.T);
-  else
-    launch(round_rows_bf16_kernel<float>, blocks, 256, 0, stream, static_cast<const float*>(r.y), r.y, r.y_stride,
-           r.rows, r.T);
+  launch(round_rows_bf16_kernel, blocks_for(r.rows * r.T, 256), 256, 0, stream, r.y, r.y_stride, r.rows, r.T);
   DSV4_CUDA_LAUNCHED("linear (FP8 tensor cores: bf16 rounding)");
 }
 

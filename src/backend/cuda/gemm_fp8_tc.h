@@ -47,8 +47,7 @@ class Fp8TensorCoreGemm {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     cublasLtMatmulAlgo_t algo{};
-    bool found = false;     // false: cuBLASLt has no algorithm for the shape (the exact path runs)
-    bool bf16_out = false;  // D is bf16 in bf16_out_ (no fp32 algorithm for the shape), else fp32 in y
+    bool found = false;  // false: cuBLASLt has no algorithm for the shape (the exact path runs)
   };
   // The K blocks per 128 weight rows in the fp32 scale copy: cuBLASLt reads them in fours.
   static int64_t scale_stride(const LinearView& W) { return (W.scale_cols + 3) / 4 * 4; }
@@ -60,7 +59,6 @@ class Fp8TensorCoreGemm {
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
-  GrownBuffer bf16_out_;
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, Plan> plans_;
   std::unordered_map<const void*, float*> scales_;  // device E8M0 scales → their fp32 copy
 };
