@@ -45,7 +45,7 @@ struct LinearView {
 // for token rows m in [0, T). W_m is `W`, or table[view_of_row[m]] when a table is given (the
 // routed experts: one matrix per (token, slot) row; an out-of-range index yields 0).
 struct AttnArgs;  // one attention call's operands (attention.cu)
-class Fp8TensorCoreGemm;  // deepseek-tc's FP8 products (gemm_fp8_tc.h)
+class TensorCoreGemm;  // deepseek-tc's tensor-core products (gemm_tc.h)
 
 struct GemmRequest {
   LinearView W;
@@ -250,8 +250,8 @@ class CudaBackend final : public Backend {
     bool operator==(const QuantizedX&) const = default;
   };
   QuantizedX quantized_x_;
-  // deepseek-tc only: the dense FP8 products of many rows on the FP8 tensor cores (gemm_fp8_tc.cu).
-  std::unique_ptr<Fp8TensorCoreGemm> fp8_tc_;
+  // deepseek-tc only: the dense FP8 and bf16 products of many rows on the tensor cores (gemm_tc.cu).
+  std::unique_ptr<TensorCoreGemm> tensor_cores_;
   // The clamped SwiGLU FFN (moe.cu) over T rows: out = w2(h), h = silu(min(g, L))·clamp(u, ±L)·w
   // with g, u from w1, w3 (§3.6). up/gate carry x and the weights; down.y receives the output.
   void expert_ffn(GemmRequest gate, GemmRequest up, GemmRequest down, const float* row_weights, double limit);

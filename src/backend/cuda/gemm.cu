@@ -47,7 +47,7 @@
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/gemm_dmma.h"
-#include "backend/cuda/gemm_fp8_tc.h"
+#include "backend/cuda/gemm_tc.h"
 #include "backend/cuda/quant.cuh"
 #include "backend/cuda/weight_access.cuh"
 
@@ -540,8 +540,13 @@ void CudaBackend::gemm(const GemmRequest& r) {
   // kernel, which reads each row's scale.
   const bool dmma = (r.table ? r.T >= kDmmaMinRowsPerExpert * r.n_views : r.T >= kDmmaMinRows) ||
                     (W.format == kFp8 && r.row0 % 4 != 0);
-  // deepseek-tc: the dense FP8 products of many rows go to the FP8 tensor cores instead.
-  const bool tensor_cores = tiled && fp8_tc_ && fp8_tc_->handles(r);
+  // deepseek-tc: the dense FP8 and bf16 products of many rows go to the tensor cores instead.
+  const bool tensor_cores = deepseek() && tensor_cores_ && tensor_cores_->handles(r);
+  if (tensor_cores && !tiled) {
+    quantized_x_ = {};  // as after every product without quantization (below)
+    tensor_cores_->run_bf16(r, stream_);
+    return;
+  }
   const bool round_out = deepseek() && r.compute != Compute::f32;
   const int64_t n_src = (r.T + r.x_div - 1) / r.x_div, n_k128 = (K + 127) / 128;
   // One scratch buffer, in parts that are live together: the quantized activations, their scales
@@ -589,7 +594,7 @@ void CudaBackend::gemm(const GemmRequest& r) {
     DSV4_CUDA_LAUNCHED("linear (activation quantization)");
   }
   if (tensor_cores) {
-    fp8_tc_->run(r, reinterpret_cast<const uint8_t*>(scratch), scratch + n_qx, stream_);
+    tensor_cores_->run_quantized(r, reinterpret_cast<const uint8_t*>(scratch), scratch + n_qx, stream_);
     return;
   }
   if (tiled) prepared.x = scratch, prepared.x_stride = planes ? plane_words : K, sx = scratch + n_qx;

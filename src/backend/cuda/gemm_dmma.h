@@ -9,7 +9,7 @@
 // bit for bit. Hopper's FP8 tensor cores keep only part of such a sum (on an H200, 1.3 % of K = 128
 // partials of normal data came out exact), and these numerics are chaotic: with partials
 // truncated to 14 bits the fixtures' logits agree on 89 % of argmaxes, max|Δ| 11–25
-// (tools/oracle/NOTES.md §5); the opt-in deepseek-tc numerics take them (gemm_fp8_tc.h). The
+// (tools/oracle/NOTES.md §5); the opt-in deepseek-tc numerics take them (gemm_tc.h). The
 // plain and bf16/f32 paths take double dot products of fp32 values (exact products), rounded once,
 // like the CPU.
 #pragma once

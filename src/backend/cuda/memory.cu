@@ -14,7 +14,7 @@
 #include "backend/cuda/cuda.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_math.cuh"
-#include "backend/cuda/gemm_fp8_tc.h"
+#include "backend/cuda/gemm_tc.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/weight_access.cuh"
 
@@ -59,7 +59,7 @@ CudaBackend::CudaBackend(Numerics numerics) : Backend(numerics) {
   DSV4_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
   DSV4_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all));
   DSV4_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pack_inexact_), sizeof(int), cudaHostAllocMapped));
-  if (numerics == Numerics::deepseek_tc) fp8_tc_ = std::make_unique<Fp8TensorCoreGemm>();
+  if (numerics == Numerics::deepseek_tc) tensor_cores_ = std::make_unique<TensorCoreGemm>();
   *pack_inexact_ = 0;
   profile_ = profile_requested();
 }

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/gemm_fp8_tc.h"
+#include "backend/cuda/gemm_tc.h"
 
 namespace dsv4::cuda {
 
@@ -55,7 +55,7 @@ CudaBackend::Timed::~Timed() {
 }
 
 size_t CudaBackend::setups() const {
-  return uploads_.size() + tables_.size() + (fp8_tc_ ? fp8_tc_->setups() : 0);
+  return uploads_.size() + tables_.size() + (tensor_cores_ ? tensor_cores_->setups() : 0);
 }
 
 bool CudaBackend::profile_requested() {

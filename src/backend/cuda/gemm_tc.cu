@@ -1,0 +1,192 @@
+// The deepseek-tc numerics' products on the tensor cores (gemm_tc.h).
+//
+// In cuBLASLt's column-major terms y[T, N]ᵀ = W[N, K] · x[T, K]ᵀ: A is the weight matrix stored
+// K-major (op T), B the activations (op N), D y's rows (ld = y_stride). Hopper's FP8 matmul takes
+// exactly this "TN" form. Its scale tensors hold one fp32 per block (cuBLAS's "scaling factors
+// layouts"): the activations' 1×128 scales with the token rows innermost, [K/128][T], which
+// act_quant writes for this path; the weights' 128×128 scales with the K blocks innermost and
+// their count rounded up to a multiple of 4, [N/128][L4], copied once from the checkpoint's
+// [N/128][K/128]. cuBLASLt writes fp32, which a second kernel rounds to bf16.
+#include <cuda_fp8.h>
+
+#include <cstdio>
+
+#include "backend/cuda/gemm_tc.h"
+#include "backend/cuda/launch.cuh"
+#include "backend/cuda/weight_access.cuh"
+#include "core/formats.h"
+
+namespace dsv4::cuda {
+
+namespace {
+
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLASLt's scratch (its split-K sums)
+
+void check_lt(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS)
+    fail_check(__FILE__, __LINE__, what, cat("cuBLASLt: ", cublasLtGetStatusName(status), " (",
+                                             cublasLtGetStatusString(status), ")"));
+}
+
+template <class T>
+void set(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attribute, const T& value) {
+  check_lt(cublasLtMatmulDescSetAttribute(desc, attribute, &value, sizeof(value)), "cublasLtMatmulDescSetAttribute");
+}
+
+// W's block scales [W.out / 128][W.scale_cols] as fp32 [W.out / 128][l4], the padding zero.
+__global__ void weight_scales_kernel(LinearView W, int64_t l4, int64_t n, float* out) {
+  await_previous_kernel();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int64_t block_row = i / l4, col = i % l4;
+  out[i] = col < W.scale_cols ? scale_at(scale_row<kFp8>(W, block_row * 128), col, W.scale_is_f32) : 0.0f;
+}
+
+// The bf16 operands of a bf16 product: rows [row0, row0 + rows) of W dequantized (w: [rows, K])
+// and the T rows of x (xb: [T, K]), whose values are bf16 already.
+__global__ void bf16_operands_kernel(LinearView W, int64_t row0, int64_t rows, const float* x, int64_t x_stride,
+                                     int64_t T, uint16_t* w, uint16_t* xb) {
+  await_previous_kernel();
+  const int64_t K = W.in, i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < rows * K) w[i] = f32_to_bf16(dequantized(W, row0 + i / K, i % K));
+  if (i < T * K) xb[i] = f32_to_bf16(x[i / K * x_stride + i % K]);
+}
+
+// y[t, 0 : rows) = bf16(y[t, 0 : rows)) for t < T, rows of y_stride.
+__global__ void round_rows_bf16_kernel(float* y, int64_t y_stride, int64_t rows, int64_t T) {
+  await_previous_kernel();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * T) return;
+  float& v = y[i / rows * y_stride + i % rows];
+  v = round_bf16(v);
+}
+
+unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
+
+}  // namespace
+
+TensorCoreGemm::~TensorCoreGemm() {  // at teardown: errors are dropped
+  for (auto& [shape, p] : plans_) {
+    if (p.d) cublasLtMatrixLayoutDestroy(p.d);
+    if (p.b) cublasLtMatrixLayoutDestroy(p.b);
+    if (p.a) cublasLtMatrixLayoutDestroy(p.a);
+    if (p.desc) cublasLtMatmulDescDestroy(p.desc);
+  }
+  for (auto& [e8m0, f32] : scales_) cudaFree(f32);
+  if (workspace_) cudaFree(workspace_);
+  if (handle_) cublasLtDestroy(handle_);
+}
+
+bool TensorCoreGemm::handles(const GemmRequest& r) {
+  const LinearView& W = r.W;
+  const int64_t K = W.in;
+  const bool fp8 = r.compute == Compute::quantized;
+  if (r.table || r.x_div != 1 || r.T < kMinRows || r.y_stride % 4 != 0 || reinterpret_cast<uintptr_t>(r.y) % 16 != 0)
+    return false;
+  // cuBLASLt (13, H200) has no block-scaled algorithm for a token count that is not a multiple of
+  // 4 (CUBLAS_STATUS_NOT_SUPPORTED for 77 and 78; 76 runs): such a chunk takes the exact kernels.
+  if (fp8 && (W.format != kFp8 || r.T % 4 != 0 || K % 128 != 0 || r.row0 % 128 != 0 || W.scale_cols != K / 128))
+    return false;
+  if (r.compute == Compute::bf16 && !((W.format == kFp8 || W.format == kBf16) && K % 8 == 0)) return false;
+  if (!fp8 && r.compute != Compute::bf16) return false;
+  // cuBLASLt's dimensions are 32-bit.
+  if (r.rows > INT32_MAX || r.T > INT32_MAX || K > INT32_MAX || r.y_stride > INT32_MAX) return false;
+  return plan_for(fp8, r.rows, r.T, K, r.y_stride).found;
+}
+
+TensorCoreGemm::Plan& TensorCoreGemm::plan_for(bool fp8, int64_t N, int64_t T, int64_t K, int64_t ldd) {
+  const auto key = std::make_tuple(fp8, N, T, K, ldd);
+  if (auto it = plans_.find(key); it != plans_.end()) return it->second;
+  if (!handle_) check_lt(cublasLtCreate(&handle_), "cublasLtCreate");
+  if (!workspace_) DSV4_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
+  Plan& p = plans_[key];
+  check_lt(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  set(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
+  set(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
+  if (fp8) {
+    set(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, int32_t(CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F));
+    set(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, int32_t(CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F));
+    // The heuristic wants scale pointers to exist; run_quantized() sets the real ones.
+    set(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(workspace_));
+    set(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(workspace_));
+  }
+  const cudaDataType operand = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+  check_lt(cublasLtMatrixLayoutCreate(&p.a, operand, uint64_t(K), uint64_t(N), K), "layout A");
+  check_lt(cublasLtMatrixLayoutCreate(&p.b, operand, uint64_t(K), uint64_t(T), K), "layout B");
+  check_lt(cublasLtMatrixLayoutCreate(&p.d, CUDA_R_32F, uint64_t(N), uint64_t(T), ldd), "layout D");
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  check_lt(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+  const uint64_t workspace = kWorkspaceBytes;
+  const uint32_t align = 16;  // weight row slices, scratch and y rows are 16-byte aligned, no more
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
+  for (auto attribute : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+    cublasLtMatmulPreferenceSetAttribute(pref, attribute, &align, sizeof(align));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t status =
+      cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  p.found = status == CUBLAS_STATUS_SUCCESS && found > 0;
+  if (p.found) p.algo = result.algo;
+  // A slower answer, not a wrong one: said for the first few shapes (a server meets many).
+  static int untold = 3;
+  if (!p.found && untold > 0)
+    std::fprintf(stderr, "deepseek-tc: cuBLASLt has no %s algorithm for %lld rows x %lld tokens x K %lld (%s); the "
+                 "exact kernels run it%s\n", fp8 ? "FP8 block-scaled" : "bf16", (long long)N, (long long)T,
+                 (long long)K, cublasLtGetStatusName(status), --untold ? "" : " (further shapes are not reported)");
+  return p;
+}
+
+const float* TensorCoreGemm::weight_scales(const LinearView& W, cudaStream_t stream) {
+  float*& f32 = scales_[W.scale];
+  if (!f32) {
+    const int64_t n = (W.out + 127) / 128 * scale_stride(W);
+    DSV4_CUDA_CHECK(cudaMalloc(&f32, size_t(n) * sizeof(float)));
+    launch(weight_scales_kernel, blocks_for(n, 256), 256, 0, stream, W, scale_stride(W), n, f32);
+    DSV4_CUDA_LAUNCHED("linear (tensor cores: weight scales)");
+  }
+  return f32;
+}
+
+void TensorCoreGemm::multiply(const GemmRequest& r, const Plan& p, const void* w, const void* x,
+                              cudaStream_t stream) {
+  const float one = 1.0f, zero = 0.0f;
+  check_lt(cublasLtMatmul(handle_, p.desc, &one, w, p.a, x, p.b, &zero, r.y, p.d, r.y, p.d, &p.algo, workspace_,
+                          kWorkspaceBytes, stream),
+           "cublasLtMatmul");
+  launch(round_rows_bf16_kernel, blocks_for(r.rows * r.T, 256), 256, 0, stream, r.y, r.y_stride, r.rows, r.T);
+  DSV4_CUDA_LAUNCHED("linear (tensor cores: bf16 rounding)");
+}
+
+void TensorCoreGemm::run_quantized(const GemmRequest& r, const uint8_t* x_codes, const float* x_scales,
+                                   cudaStream_t stream) {
+  const LinearView& W = r.W;
+  const int64_t K = W.in;
+  Plan& p = plan_for(true, r.rows, r.T, K, r.y_stride);
+  DSV4_CUDA_REQUIRE(p.found, "linear: no cuBLASLt FP8 algorithm for ", r.rows, " rows × ", r.T, " tokens × K ", K);
+  const float* w_scales = weight_scales(W, stream) + r.row0 / 128 * scale_stride(W);
+  set(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(w_scales));
+  set(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(x_scales));
+  multiply(r, p, W.data + r.row0 * K, x_codes, stream);
+}
+
+void TensorCoreGemm::run_bf16(const GemmRequest& r, cudaStream_t stream) {
+  const LinearView& W = r.W;
+  const int64_t K = W.in;
+  Plan& p = plan_for(false, r.rows, r.T, K, r.y_stride);
+  DSV4_CUDA_REQUIRE(p.found, "linear: no cuBLASLt bf16 algorithm for ", r.rows, " rows × ", r.T, " tokens × K ", K);
+  // BF16 weights are read in place; FP8 ones are dequantized into the scratch with x.
+  const bool copy_w = W.format != kBf16;
+  const size_t w_elems = copy_w ? size_t(r.rows * K + 7) / 8 * 8 : 0;  // x stays 16-byte aligned
+  auto* scratch = static_cast<uint16_t*>(bf16_operands_.get(stream, (w_elems + size_t(r.T * K)) * sizeof(uint16_t)));
+  const int64_t n = std::max(copy_w ? r.rows * K : 0, r.T * K);
+  launch(bf16_operands_kernel, blocks_for(n, 256), 256, 0, stream, W, r.row0, copy_w ? r.rows : int64_t(0), r.x,
+         r.x_stride, r.T, scratch, scratch + w_elems);
+  DSV4_CUDA_LAUNCHED("linear (tensor cores: bf16 operands)");
+  const void* w = copy_w ? static_cast<const void*>(scratch) : static_cast<const void*>(W.data + r.row0 * K * 2);
+  multiply(r, p, w, scratch + w_elems, stream);
+}
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,78 @@
+// The deepseek-tc numerics' products of many token rows on the tensor cores, through cuBLASLt
+// (backend.h):
+//   - quantized FP8 products on the FP8 tensor cores, block-scaled (1×128 activation scales,
+//     128×128 weight scales, fp32 between K tiles). The operands are the exact path's, the
+//     activations' e4m3 codes with their power-of-two scales and the checkpoint's FP8 weights;
+//     only the sum of a K tile changes, which the tensor core keeps in fewer bits than the exact
+//     partial (tools/oracle/NOTES.md §5);
+//   - bf16 products (wo_a, the indexer's weights_proj) on the bf16 tensor cores with fp32
+//     accumulation, as the reference's bf16 GEMM: the weights dequantized into bf16 (exact for
+//     FP8 with E8M0 scales) in scratch for the product's duration, x in bf16 (its values are).
+// Both round their fp32 output to bf16, like every such product.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <tuple>
+#include <unordered_map>
+
+#include "backend/cuda/cuda_backend.h"
+
+namespace dsv4::cuda {
+
+class TensorCoreGemm {
+ public:
+  TensorCoreGemm() = default;
+  ~TensorCoreGemm();
+  TensorCoreGemm(const TensorCoreGemm&) = delete;
+  TensorCoreGemm& operator=(const TensorCoreGemm&) = delete;
+
+  // Whether r (quantized or bf16 compute) can run here: one matrix (no expert table), one
+  // activation row per token row, at least kMinRows of them, y rows 16-byte aligned, and a
+  // cuBLASLt algorithm for the shape. Quantized: FP8 weights with 128×128 block scales, whole
+  // scale blocks from row0, K a multiple of 128, and a multiple of 4 token rows (cuBLASLt 13 has no
+  // block-scaled algorithm for others). bf16: FP8 or BF16 weights, K a multiple of 8.
+  bool handles(const GemmRequest& r);
+  // Quantized: y[t, 0 : rows) = bf16(x_codes[t] · W[row0 : row0+rows]ᵀ), each K tile's product
+  // scaled by x_scales[tile, t] (act_quant's per-K-block layout for this path) and the weight
+  // block's scale. x_codes: [T, K] e4m3 bytes. Requires handles(r).
+  void run_quantized(const GemmRequest& r, const uint8_t* x_codes, const float* x_scales, cudaStream_t stream);
+  // bf16: y[t, 0 : rows) = bf16(bf16(x[t]) · bf16(W[row0 : row0+rows])ᵀ). Requires handles(r).
+  void run_bf16(const GemmRequest& r, cudaStream_t stream);
+
+  // Plans and scale copies made so far (the profiler leaves calls that made one out).
+  size_t setups() const { return plans_.size() + scales_.size(); }
+
+  // From this many token rows: fewer leave most of a tensor-core tile empty, where the exact
+  // decode kernels stream the weights as fast.
+  static constexpr int64_t kMinRows = 32;
+
+ private:
+  struct Plan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    bool found = false;  // false: cuBLASLt has no algorithm for the shape (the exact path runs)
+  };
+  // The plan of a product (FP8 block-scaled or bf16; rows N, tokens T, depth K, y's row stride),
+  // made on first use and kept.
+  Plan& plan_for(bool fp8, int64_t N, int64_t T, int64_t K, int64_t ldd);
+  // The K blocks per 128 weight rows in the fp32 scale copy: cuBLASLt reads them in fours.
+  static int64_t scale_stride(const LinearView& W) { return (W.scale_cols + 3) / 4 * 4; }
+  // W's 128×128 block scales as fp32 [W.out / 128][scale_stride(W)], cuBLASLt's type and layout:
+  // converted once per weight on the device and kept.
+  const float* weight_scales(const LinearView& W, cudaStream_t stream);
+  // cuBLASLt's product into y (fp32, ld y_stride), then y rounded to bf16.
+  void multiply(const GemmRequest& r, const Plan& p, const void* w, const void* x, cudaStream_t stream);
+
+  cublasLtHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
+  GrownBuffer bf16_operands_;  // run_bf16's dequantized weight rows and bf16 activations
+  std::map<std::tuple<bool, int64_t, int64_t, int64_t, int64_t>, Plan> plans_;
+  std::unordered_map<const void*, float*> scales_;  // device weight scales → their fp32 copy
+};
+
+}  // namespace dsv4::cuda
