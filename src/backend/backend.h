@@ -24,11 +24,12 @@
 
 namespace dsv4 {
 
-// deepseek_tc is deepseek with one change, on the GPU only: the dense FP8 products of many token
-// rows (prefill) sum their K tiles on the FP8 tensor cores (cuBLASLt, 1×128 activation and
-// 128×128 weight block scales), as DeepSeek's own kernels do, instead of exactly. Those sums keep
-// fewer bits than the exact tile partial, and these numerics are chaotic (tools/oracle/NOTES.md
-// §2, §5), so it matches deepseek statistically, not bit for bit.
+// deepseek_tc is deepseek with one change, on the GPU only: the dense products of many token rows
+// (prefill) run on the tensor cores (cuBLASLt), as DeepSeek's own kernels do, instead of exactly:
+// the FP8 ones sum their K tiles on the FP8 tensor cores (1×128 activation and 128×128 weight block
+// scales), the bf16 ones accumulate in fp32. Those sums keep fewer bits than the exact ones, and
+// these numerics are chaotic (tools/oracle/NOTES.md §2, §5), so it matches deepseek statistically,
+// not bit for bit.
 enum class Numerics { deepseek, plain, deepseek_tc };
 const char* to_string(Numerics numerics);
 Numerics parse_numerics(const std::string& name);  // "deepseek" | "plain" | "deepseek-tc"

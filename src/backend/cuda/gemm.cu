@@ -541,7 +541,7 @@ void CudaBackend::gemm(const GemmRequest& r) {
   const bool dmma = (r.table ? r.T >= kDmmaMinRowsPerExpert * r.n_views : r.T >= kDmmaMinRows) ||
                     (W.format == kFp8 && r.row0 % 4 != 0);
   // deepseek-tc: the dense FP8 and bf16 products of many rows go to the tensor cores instead.
-  const bool tensor_cores = deepseek() && tensor_cores_ && tensor_cores_->handles(r);
+  const bool tensor_cores = tensor_cores_ && tensor_cores_->handles(r);
   if (tensor_cores && !tiled) {
     quantized_x_ = {};  // as after every product without quantization (below)
     tensor_cores_->run_bf16(r, stream_);
