@@ -41,7 +41,7 @@ void CpuBackend::pack_rows(const RowFormat& f, const float* rows, int64_t n, flo
 namespace dsv4 {
 std::unique_ptr<Backend> make_cpu_backend(Numerics numerics) {
   if (numerics == Numerics::deepseek_tc)
-    fail(ErrorCode::invalid_input, "numerics 'deepseek-tc' sums FP8 products on a GPU's FP8 tensor cores, which the CPU "
+    fail(ErrorCode::invalid_input, "numerics 'deepseek-tc' runs prefill's products on a GPU's tensor cores, which the CPU "
          "has none of: use --device cuda, or 'deepseek' (the exact arithmetic) on the CPU");
   return std::make_unique<cpu::CpuBackend>(numerics);
 }

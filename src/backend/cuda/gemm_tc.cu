@@ -9,9 +9,11 @@
 // [N/128][K/128]. cuBLASLt writes fp32, which a second kernel rounds to bf16.
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "backend/cuda/gemm_tc.h"
+#include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/weight_access.cuh"
 #include "core/formats.h"
@@ -36,10 +38,10 @@ void set(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attribute, co
 // W's block scales [W.out / 128][W.scale_cols] as fp32 [W.out / 128][l4], the padding zero.
 __global__ void weight_scales_kernel(LinearView W, int64_t l4, int64_t n, float* out) {
   await_previous_kernel();
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  const int64_t block_row = i / l4, col = i % l4;
-  out[i] = col < W.scale_cols ? scale_at(scale_row<kFp8>(W, block_row * 128), col, W.scale_is_f32) : 0.0f;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t block_row = i / l4, col = i % l4;
+    out[i] = col < W.scale_cols ? scale_at(scale_row<kFp8>(W, block_row * 128), col, W.scale_is_f32) : 0.0f;
+  }
 }
 
 // The bf16 operands of a bf16 product: rows [row0, row0 + rows) of W dequantized (w: [rows, K])
@@ -47,21 +49,21 @@ __global__ void weight_scales_kernel(LinearView W, int64_t l4, int64_t n, float*
 __global__ void bf16_operands_kernel(LinearView W, int64_t row0, int64_t rows, const float* x, int64_t x_stride,
                                      int64_t T, uint16_t* w, uint16_t* xb) {
   await_previous_kernel();
-  const int64_t K = W.in, i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < rows * K) w[i] = f32_to_bf16(dequantized(W, row0 + i / K, i % K));
-  if (i < T * K) xb[i] = f32_to_bf16(x[i / K * x_stride + i % K]);
+  const int64_t K = W.in, n = (rows > T ? rows : T) * K;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    if (i < rows * K) w[i] = f32_to_bf16(dequantized(W, row0 + i / K, i % K));
+    if (i < T * K) xb[i] = f32_to_bf16(x[i / K * x_stride + i % K]);
+  }
 }
 
 // y[t, 0 : rows) = bf16(y[t, 0 : rows)) for t < T, rows of y_stride.
 __global__ void round_rows_bf16_kernel(float* y, int64_t y_stride, int64_t rows, int64_t T) {
   await_previous_kernel();
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= rows * T) return;
-  float& v = y[i / rows * y_stride + i % rows];
-  v = round_bf16(v);
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < rows * T; i += int64_t(gridDim.x) * blockDim.x) {
+    float& v = y[i / rows * y_stride + i % rows];
+    v = round_bf16(v);
+  }
 }
-
-unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
 
 }  // namespace
 
@@ -81,14 +83,14 @@ bool TensorCoreGemm::handles(const GemmRequest& r) {
   const LinearView& W = r.W;
   const int64_t K = W.in;
   const bool fp8 = r.compute == Compute::quantized;
-  if (r.table || r.x_div != 1 || r.T < kMinRows || r.y_stride % 4 != 0 || reinterpret_cast<uintptr_t>(r.y) % 16 != 0)
+  if ((!fp8 && r.compute != Compute::bf16) || r.table || r.x_div != 1 || r.T < kMinRows || r.y_stride % 4 != 0 ||
+      reinterpret_cast<uintptr_t>(r.y) % 16 != 0)
     return false;
   // cuBLASLt (13, H200) has no block-scaled algorithm for a token count that is not a multiple of
   // 4 (CUBLAS_STATUS_NOT_SUPPORTED for 77 and 78; 76 runs): such a chunk takes the exact kernels.
   if (fp8 && (W.format != kFp8 || r.T % 4 != 0 || K % 128 != 0 || r.row0 % 128 != 0 || W.scale_cols != K / 128))
     return false;
-  if (r.compute == Compute::bf16 && !((W.format == kFp8 || W.format == kBf16) && K % 8 == 0)) return false;
-  if (!fp8 && r.compute != Compute::bf16) return false;
+  if (!fp8 && !((W.format == kFp8 || W.format == kBf16) && K % 8 == 0)) return false;
   // cuBLASLt's dimensions are 32-bit.
   if (r.rows > INT32_MAX || r.T > INT32_MAX || K > INT32_MAX || r.y_stride > INT32_MAX) return false;
   return plan_for(fp8, r.rows, r.T, K, r.y_stride).found;
@@ -144,7 +146,7 @@ const float* TensorCoreGemm::weight_scales(const LinearView& W, cudaStream_t str
   if (!f32) {
     const int64_t n = (W.out + 127) / 128 * scale_stride(W);
     DSV4_CUDA_CHECK(cudaMalloc(&f32, size_t(n) * sizeof(float)));
-    launch(weight_scales_kernel, blocks_for(n, 256), 256, 0, stream, W, scale_stride(W), n, f32);
+    launch(weight_scales_kernel, grid_for(n, 256), 256, 0, stream, W, scale_stride(W), n, f32);
     DSV4_CUDA_LAUNCHED("linear (tensor cores: weight scales)");
   }
   return f32;
@@ -156,7 +158,7 @@ void TensorCoreGemm::multiply(const GemmRequest& r, const Plan& p, const void* w
   check_lt(cublasLtMatmul(handle_, p.desc, &one, w, p.a, x, p.b, &zero, r.y, p.d, r.y, p.d, &p.algo, workspace_,
                           kWorkspaceBytes, stream),
            "cublasLtMatmul");
-  launch(round_rows_bf16_kernel, blocks_for(r.rows * r.T, 256), 256, 0, stream, r.y, r.y_stride, r.rows, r.T);
+  launch(round_rows_bf16_kernel, grid_for(r.rows * r.T, 256), 256, 0, stream, r.y, r.y_stride, r.rows, r.T);
   DSV4_CUDA_LAUNCHED("linear (tensor cores: bf16 rounding)");
 }
 
@@ -181,8 +183,8 @@ void TensorCoreGemm::run_bf16(const GemmRequest& r, cudaStream_t stream) {
   const bool copy_w = W.format != kBf16;
   const size_t w_elems = copy_w ? size_t(r.rows * K + 7) / 8 * 8 : 0;  // x stays 16-byte aligned
   auto* scratch = static_cast<uint16_t*>(bf16_operands_.get(stream, (w_elems + size_t(r.T * K)) * sizeof(uint16_t)));
-  const int64_t n = std::max(copy_w ? r.rows * K : 0, r.T * K);
-  launch(bf16_operands_kernel, blocks_for(n, 256), 256, 0, stream, W, r.row0, copy_w ? r.rows : int64_t(0), r.x,
+  const int64_t w_rows = copy_w ? r.rows : 0;
+  launch(bf16_operands_kernel, grid_for(std::max(w_rows, r.T) * K, 256), 256, 0, stream, W, r.row0, w_rows, r.x,
          r.x_stride, r.T, scratch, scratch + w_elems);
   DSV4_CUDA_LAUNCHED("linear (tensor cores: bf16 operands)");
   const void* w = copy_w ? static_cast<const void*>(scratch) : static_cast<const void*>(W.data + r.row0 * K * 2);
