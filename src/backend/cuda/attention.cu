@@ -62,6 +62,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/cuda/attention_rows.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launch.cuh"
@@ -107,53 +108,6 @@ __global__ void swa_store_kernel(float* ring, int64_t window, int64_t width, con
   float* dst = ring + ((pos0 + i) % window) * width;
   for (int64_t c = threadIdx.x; c < width; c += blockDim.x) dst[c] = rows[i * width + c];
 }
-
-}  // namespace
-
-struct AttnArgs {
-  const float* q;
-  int64_t H, hd, p0;
-  SwaRows swa;
-  CompressedRows comp;
-  const float* sinks;
-  float softmax_scale;
-  int64_t n_max;
-  bool bf16;
-  float* out;
-};
-
-namespace {
-
-// Row j of a query's rows: its data, and whether it is a window row (fp32) or a compressed row
-// (stored kind). p is nullptr for a skipped selection entry and past the last row.
-// (No member initialisers: an array of them lives in shared memory.)
-struct RowRef {
-  const float* p;
-  bool window;
-};
-
-// The rows query t attends (see the top).
-struct QueryRows {
-  int64_t lo, n_win, n;
-  __device__ QueryRows(const AttnArgs& a, int64_t t) {
-    const int64_t pos = a.p0 + t;
-    lo = pos - a.swa.window + 1 > 0 ? pos - a.swa.window + 1 : 0;
-    n_win = pos - lo + 1;
-    const int64_t visible = a.comp.ratio > 0 ? (pos + 1) / a.comp.ratio : 0;
-    n = n_win + (a.comp.idx ? a.comp.k : (visible < a.comp.n ? visible : a.comp.n));
-  }
-  __device__ RowRef row(const AttnArgs& a, int64_t t, int64_t j) const {
-    if (j >= n) return {nullptr, false};
-    if (j < n_win) return {a.swa.kv + (lo + j - a.swa.first_pos) * a.hd, true};
-    int64_t w = j - n_win;
-    if (a.comp.idx) {
-      const int32_t sel = a.comp.idx[t * a.comp.k + w];
-      if (sel < 0 || sel >= a.comp.n) return {nullptr, false};
-      w = sel;
-    }
-    return {a.comp.kv + w * a.comp.format.stride, false};
-  }
-};
 
 // Values d0 … d0+3 of row r (which must exist), compressed rows of kind K.
 template <RowFormat::Kind K>
@@ -644,6 +598,11 @@ void CudaBackend::attention(const float* q, int64_t T, int64_t H, int64_t hd, in
                       softmax_scale, n_max, deepseek(), out};
   const bool fp8_rows = comp.format.kind == RowFormat::fp8_bf16;
 
+  // deepseek-tc: a prefill's queries on the bf16 tensor cores; decode stays exact, as its products do.
+  if (numerics() == Numerics::deepseek_tc && T > kFewQueries && fits_tensor_core_attention(args)) {
+    tensor_core_attention(args, T);
+    return;
+  }
   if (T <= kFewQueries) {
     few_query_attention(args, T);
     return;

@@ -44,7 +44,7 @@ struct LinearView {
 // One matrix product for the GEMM kernels: y[m] = x[m / x_div] · W_mᵀ over rows [row0, row0+rows)
 // for token rows m in [0, T). W_m is `W`, or table[view_of_row[m]] when a table is given (the
 // routed experts: one matrix per (token, slot) row; an out-of-range index yields 0).
-struct AttnArgs;  // one attention call's operands (attention.cu)
+struct AttnArgs;  // one attention call's operands (attention_rows.cuh)
 class TensorCoreGemm;  // deepseek-tc's tensor-core products (gemm_tc.h)
 
 struct GemmRequest {
@@ -228,6 +228,8 @@ class CudaBackend final : public Backend {
   // Attention of T ≤ kFewQueries queries on the FP64 tensor cores (attention.cu): logits, softmax,
   // values and combine, the launch shapes chosen to fill the GPU.
   void few_query_attention(const AttnArgs& a, int64_t T);
+  // deepseek-tc, many queries: the bf16 tensor cores (attention_tc.cu).
+  void tensor_core_attention(const AttnArgs& a, int64_t T);
 
   // ---- shared GEMM entry (gemm.cu), used by linear, hc and moe ----
   void gemm(const GemmRequest& r);

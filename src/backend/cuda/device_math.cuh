@@ -123,6 +123,33 @@ __device__ __forceinline__ void mma_i8(int (&c)[4], const uint32_t (&a)[4], uint
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
 }
 
+// c += a·b, one 16 × 8 × 16 step of a warp on the bf16 tensor cores (mma.m16n8k16, fp32
+// accumulation): deepseek-tc's attention. With g = lane / 4 and i = lane % 4, a lane holds a = two
+// bf16 of A[g][2i..], A[g+8][2i..], A[g][8+2i..], A[g+8][8+2i..], b0 = B[2i..2i+1][g],
+// b1 = B[8+2i..][g], and c = C[g][2i], C[g][2i+1], C[g+8][2i], C[g+8][2i+1].
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+               "{%0, %1, %2, %3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four 8 × 8 matrices of 16-bit values from shared memory (ldmatrix): lanes 8m … 8m + 7 give the
+// addresses of matrix m's rows (16 bytes each), and lane 4·r + c receives r[m] = row r's elements
+// 2c, 2c + 1 of matrix m; transposed (kTrans), column r's instead.
+template <bool kTrans>
+__device__ __forceinline__ void load_matrices(uint32_t (&r)[4], const void* row) {
+  const unsigned at = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  if constexpr (kTrans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(at));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(at));
+}
+
 // Blocks of a 1-D grid-stride launch over n elements.
 inline unsigned grid_for(int64_t n, int threads) {
   const int64_t blocks = (n + threads - 1) / threads;

@@ -5,20 +5,9 @@
 // (rows packed on the device, attention and indexer reading packed rows).
 #include <algorithm>
 
-#include "../../core/simulated_rows.h"
-#include "twin.h"
+#include "attention_case.h"
 
 namespace dsv4::test {
-
-// `rows` rows as the deepseek numerics store them, packed in `f` on the host.
-std::vector<float> packed_rows(const std::string& name, const RowFormat& f, int64_t rows) {
-  std::vector<float> x = random_bf16(name, size_t(rows * f.width));
-  simulate_rows(f, x.data(), rows);
-  std::vector<float> stored(size_t(rows * f.stride));
-  for (int64_t r = 0; r < rows; ++r)
-    EXPECT_TRUE(pack_row(f, x.data() + r * f.width, stored.data() + r * f.stride)) << name << " row " << r;
-  return stored;
-}
 
 TEST(CudaTwin, PackRows) {
   DSV4_REQUIRE_GPU();
@@ -66,12 +55,6 @@ TEST(CudaTwin, SwaRing) {
   }
 }
 
-struct AttnCase {
-  int64_t T, H, hd, p0, window;
-  int64_t n_comp = 0, ratio = 0, k = 0;  // k > 0: indexer selections
-  int64_t compact_dims = 0;              // > 0: compressed rows packed, this many FP8 dims
-};
-
 TEST(CudaTwin, Attention) {
   DSV4_REQUIRE_GPU();
   const std::vector<AttnCase> cases = {
@@ -101,32 +84,10 @@ TEST(CudaTwin, Attention) {
       {17, 64, 512, 262000, 128, 2047, 128, 0, 448},  // V4-Flash HCA prefill at 256K context
   };
   for (const AttnCase& c : cases) {
-    const std::string name = "attention T" + std::to_string(c.T) + " H" + std::to_string(c.H) + " hd" +
-                             std::to_string(c.hd) + " p" + std::to_string(c.p0) + " W" + std::to_string(c.window) +
-                             (c.ratio ? " comp" + std::to_string(c.n_comp) + "/r" + std::to_string(c.ratio) : "") +
-                             (c.k ? " k" + std::to_string(c.k) : "") +
-                             (c.compact_dims ? " compact" : "");
-    const RowFormat comp_format = c.compact_dims ? RowFormat::attention(StateLayout::compact, int32_t(c.hd),
-                                                                        int32_t(c.compact_dims))
-                                                 : RowFormat::plain(int32_t(c.hd));
-    const int64_t first_pos = std::max<int64_t>(0, c.p0 - (c.window - 1)), n_swa = c.p0 - first_pos + c.T;
-    const std::vector<float> q = random_bf16(name + ".q", size_t(c.T * c.H * c.hd), 2.0f);
-    const std::vector<float> kv = random_bf16(name + ".kv", size_t(n_swa * c.hd));
-    const std::vector<float> comp = c.compact_dims
-                                        ? packed_rows(name + ".comp", comp_format, std::max<int64_t>(1, c.n_comp))
-                                        : random_bf16(name + ".comp", size_t(std::max<int64_t>(1, c.n_comp) * c.hd));
-    const std::vector<float> sinks = random_f32(name + ".sinks", size_t(c.H));
-    std::vector<int32_t> idx;
-    std::mt19937 rng(seed_of(name + ".idx"));
-    for (int64_t i = 0; i < c.T * c.k; ++i) idx.push_back(i % 5 == 4 ? -1 : int32_t(rng() % uint32_t(c.n_comp)));
-    expect_twins_both(name, [&](Side& s) {
-      float* out = s.out(size_t(c.T * c.H * c.hd));
-      const SwaRows swa{s.in(kv), first_pos, n_swa, c.window};
-      CompressedRows cr;
-      if (c.ratio) cr = CompressedRows{s.in(comp), comp_format, c.n_comp, c.ratio, c.k ? s.ids(idx) : nullptr, c.k};
-      s->attention(s.in(q), c.T, c.H, c.hd, c.p0, swa, cr, sinks.data(), float(1.0 / std::sqrt(double(c.hd))), out);
+    const AttnInputs in(c);
+    expect_twins_both(in.name, [&](Side& s) {
       Outputs o;
-      o.add("out", s.read(out, size_t(c.T * c.H * c.hd)));
+      o.add("out", in.run(s, c));
       return o;
     });
   }

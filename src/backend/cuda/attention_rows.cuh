@@ -1,0 +1,61 @@
+// One attention call's operands and the rows each query attends, shared by the exact kernels
+// (attention.cu) and deepseek-tc's tensor-core kernel (attention_tc.cu).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/backend.h"
+
+namespace dsv4::cuda {
+
+struct AttnArgs {
+  const float* q;
+  int64_t H, hd, p0;
+  SwaRows swa;
+  CompressedRows comp;
+  const float* sinks;
+  float softmax_scale;
+  int64_t n_max;
+  bool bf16;
+  float* out;
+};
+
+// Row j of a query's rows: its data, and whether it is a window row (fp32) or a compressed row
+// (stored kind). p is nullptr for a skipped selection entry and past the last row.
+// (No member initialisers: an array of them lives in shared memory.)
+struct RowRef {
+  const float* p;
+  bool window;
+};
+
+// The rows query t attends, in order: window rows [lo, pos], then the compressed rows (the
+// visible ones, or the indexer's selection, whose −1 entries stay in place as skipped rows).
+struct QueryRows {
+  int64_t lo, n_win, n;
+  __device__ QueryRows(const AttnArgs& a, int64_t t) {
+    const int64_t pos = a.p0 + t;
+    lo = pos - a.swa.window + 1 > 0 ? pos - a.swa.window + 1 : 0;
+    n_win = pos - lo + 1;
+    const int64_t visible = a.comp.ratio > 0 ? (pos + 1) / a.comp.ratio : 0;
+    n = n_win + (a.comp.idx ? a.comp.k : (visible < a.comp.n ? visible : a.comp.n));
+  }
+  __device__ RowRef row(const AttnArgs& a, int64_t t, int64_t j) const {
+    if (j >= n) return {nullptr, false};
+    if (j < n_win) return {a.swa.kv + (lo + j - a.swa.first_pos) * a.hd, true};
+    int64_t w = j - n_win;
+    if (a.comp.idx) {
+      const int32_t sel = a.comp.idx[t * a.comp.k + w];
+      if (sel < 0 || sel >= a.comp.n) return {nullptr, false};
+      w = sel;
+    }
+    return {a.comp.kv + w * a.comp.format.stride, false};
+  }
+};
+
+// Whether deepseek-tc's tensor-core attention (attention_tc.cu) takes these operands: head dims a
+// multiple of 16 up to 512, compressed rows (if any) in the compact layout.
+bool fits_tensor_core_attention(const AttnArgs& a);
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,280 @@
+// deepseek-tc's prefill attention on the bf16 tensor cores, as DeepSeek's own sparse-attention
+// kernels run it (the exact kernels, attention.cu, sum every product in double).
+//
+// What changes against the exact definition: the query is rounded to bf16 (the stored rows already
+// are bf16 values: window rows in deepseek numerics, compact rows' e4m3 · 2^e and bf16 dims); the
+// logits and P·V accumulate in fp32 on the tensor cores; the softmax is online (flash attention),
+// so a probability is rounded to bf16 as exp(logit − running max) and rescaled in fp32 when the
+// max grows, where the exact path rounds exp(logit − final max). The sink still joins the
+// denominator, not the max, and the denominator sums the unrounded exponentials.
+//
+// One block of 8 warps per (query, 64 heads): the heads of a query share its rows (one KV head),
+// so both products have the heads as M. The rows come in tiles of 32:
+//   staging: each thread copies its share of one row with cp.async (no registers) into a raw
+//     slot, the next tile's while the current one is summed: window rows from a bf16 copy of the
+//     chunk's window (made once per call), compact rows as stored;
+//   conversion: the raw tile becomes a bf16 tile (e4m3 codes by bit placement times their
+//     block's exponent, exact), zeros for skipped or missing rows;
+//   logits: warp (r, c) takes heads 16r … 16r + 15 against tile rows 16c … 16c + 15 over all dims;
+//   softmax: the two warps of a head row meet in shared memory for the tile's max, then write the
+//     bf16 probabilities;
+//   values: warp (r, c) adds P · V for its 16 heads over dims 256c … 256c + 255 (128 fp32
+//     accumulators per lane), rescaled first when a max grew.
+// The query (64 × 512 bf16), a bf16 tile, two raw tiles and the probabilities take 172 KB of
+// shared memory: one block per SM, its 256 threads with up to 255 registers each.
+#include <cuda_bf16.h>
+
+#include <cmath>
+
+#include "backend/cuda/async_copy.cuh"
+#include "backend/cuda/attention_rows.cuh"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/device_math.cuh"
+#include "backend/cuda/launch.cuh"
+
+namespace dsv4::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kHeads = 64;                  // per block: 4 warp rows of 16
+constexpr int kTileRows = 32;               // rows per step: the logits' N, the values' K
+constexpr int kMaxDim = 512;                // two warp columns of 256 dims
+constexpr int kPitch = kMaxDim + 8;         // bf16 per staged head or row: 1 040 B, so ldmatrix's 8 rows hit distinct banks
+constexpr int kRawPitch = 1040;             // bytes per raw row: a bf16 window row (1 024 B) or a compact row
+constexpr int kProbPitch = kTileRows + 8;   // bf16 per head of probabilities (80 B: distinct banks too)
+constexpr int kValueDims = kMaxDim / 2;     // per warp column
+constexpr int kValueTiles = kValueDims / 8;  // fp32 accumulator fragments per lane (4 floats each)
+
+enum RowKind : int { kNoRow = 0, kWindowRow = 1, kCompactRow = 2 };
+
+constexpr size_t kQueryBytes = size_t(kHeads) * kPitch * 2, kTileBytes = size_t(kTileRows) * kPitch * 2,
+                 kRawBytes = 2 * size_t(kTileRows) * kRawPitch, kProbBytes = size_t(kHeads) * kProbPitch * 2;
+constexpr size_t kSmemBytes = kQueryBytes + kTileBytes + kRawBytes + kProbBytes + 2 * kHeads * sizeof(float) +
+                              2 * kTileRows * sizeof(int);
+
+// Four e4m3 codes (a word, the first in the low byte) of a block with E8M0 exponent e, as four bf16
+// (two per word). A code's 7 magnitude bits placed under a float's sign are its value · 2^-120,
+// normal and subnormal codes alike; two exact multiplications give the value · 2^(e − 127).
+__device__ inline uint2 e4m3x4_bf16(uint32_t word, uint32_t e) {
+  const float scale = __uint_as_float(e ? e << 23 : 0x00400000u);  // 2^(e − 127), 2^-127 a subnormal
+  float v[4];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const uint32_t code = word >> (8 * c);
+    v[c] = __uint_as_float(((code & 0x7fu) << 20) | ((code & 0x80u) << 24)) * 0x1p120f * scale;
+  }
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(v[0], v[1]), hi = __floats2bfloat162_rn(v[2], v[3]);
+  return make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+}
+
+__device__ inline uint32_t bf16x2_bits(float a, float b) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__global__ void window_bf16_kernel(const float* kv, int64_t n, __nv_bfloat16* out) {
+  await_previous_kernel();
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x)
+    out[e] = __float2bfloat16_rn(kv[e]);
+}
+
+// Block (query t, heads h0 … h0 + 63); `window` is a.swa.kv as bf16 (same indexing).
+__global__ void __launch_bounds__(kThreads, 1) tc_attention_kernel(AttnArgs a, const __nv_bfloat16* window) {
+  await_previous_kernel();
+  extern __shared__ __align__(16) unsigned char smem[];
+  __nv_bfloat16* qs = reinterpret_cast<__nv_bfloat16*>(smem);                        // [kHeads][kPitch]
+  __nv_bfloat16* tile_rows = reinterpret_cast<__nv_bfloat16*>(smem + kQueryBytes);  // [kTileRows][kPitch]
+  unsigned char* raw = smem + kQueryBytes + kTileBytes;                             // [2][kTileRows][kRawPitch]
+  __nv_bfloat16* probs = reinterpret_cast<__nv_bfloat16*>(raw + kRawBytes);         // [kHeads][kProbPitch]
+  float* meet = reinterpret_cast<float*>(probs + kHeads * kProbPitch);               // [2][kHeads]
+  int* kinds = reinterpret_cast<int*>(meet + 2 * kHeads);                            // [2][kTileRows]
+
+  const int64_t t = blockIdx.x, h0 = int64_t(blockIdx.y) * kHeads;
+  const int hd = int(a.hd);
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, i = lane % 4;
+  const int head_row = warp / 2, col = warp % 2;  // heads 16·head_row …; logits rows 16·col …, value dims 256·col …
+  const QueryRows rows(a, t);
+  const int n_tiles = int((rows.n + kTileRows - 1) / kTileRows);
+  const RowFormat f = a.comp.format;
+
+  // The query's heads as bf16, zeros past H (dims past hd are never read).
+  for (int e = tid; e < kHeads * (hd / 4); e += kThreads) {
+    const int h = e / (hd / 4), d0 = 4 * (e % (hd / 4));
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (h0 + h < a.H) v = *reinterpret_cast<const float4*>(a.q + (t * a.H + h0 + h) * hd + d0);
+    *reinterpret_cast<uint2*>(qs + h * kPitch + d0) = make_uint2(bf16x2_bits(v.x, v.y), bf16x2_bits(v.z, v.w));
+  }
+
+  // Staging and conversion: thread (row r, part u) handles row r of a tile, every 8th piece of it.
+  const int r_own = tid / 8, u_own = tid % 8;
+  auto stage = [&](int tile, int slot) {
+    const RowRef ref = rows.row(a, t, int64_t(tile) * kTileRows + r_own);
+    unsigned char* dst = raw + (slot * kTileRows + r_own) * kRawPitch;
+    int kind = kNoRow;
+    if (ref.p && ref.window) {
+      kind = kWindowRow;
+      const __nv_bfloat16* src = window + (ref.p - a.swa.kv);
+      for (int c = u_own; c < hd / 8; c += 8) copy_async_16(dst + 16 * c, src + 8 * c, true);
+    } else if (ref.p) {
+      kind = kCompactRow;
+      const unsigned char* src = reinterpret_cast<const unsigned char*>(ref.p);
+      if (f.stride % 2 == 0)
+        for (int c = u_own; c < f.stride / 2; c += 8) copy_async_small<8>(dst + 8 * c, src + 8 * c);
+      else
+        for (int c = u_own; c < f.stride; c += 8) copy_async_small<4>(dst + 4 * c, src + 4 * c);
+    }
+    if (u_own == 0) kinds[slot * kTileRows + r_own] = kind;
+  };
+  auto convert = [&](int slot) {
+    const int kind = kinds[slot * kTileRows + r_own];
+    const unsigned char* src = raw + (slot * kTileRows + r_own) * kRawPitch;
+    __nv_bfloat16* dst = tile_rows + r_own * kPitch;
+    for (int c = u_own; c < hd / 4; c += 8) {
+      const int d0 = 4 * c;
+      uint2 v = make_uint2(0u, 0u);
+      if (kind == kWindowRow) {
+        v = *reinterpret_cast<const uint2*>(src + 2 * d0);
+      } else if (kind == kCompactRow && d0 < f.quant_dims) {
+        v = e4m3x4_bf16(*reinterpret_cast<const uint32_t*>(src + d0), src[f.quant_dims + d0 / RowFormat::kFp8Block]);
+      } else if (kind == kCompactRow) {  // the bf16 dims: 2-byte aligned only
+        const uint16_t* tail = reinterpret_cast<const uint16_t*>(src + f.tail_offset()) + (d0 - f.quant_dims);
+        v = make_uint2(uint32_t(tail[0]) | uint32_t(tail[1]) << 16, uint32_t(tail[2]) | uint32_t(tail[3]) << 16);
+      }
+      *reinterpret_cast<uint2*>(dst + d0) = v;
+    }
+  };
+
+  // ldmatrix row addresses of this lane (see load_matrices): the query's A fragments; the tile as
+  // the logits' B (rows as N) and as the values' B (rows as K, transposed); the probabilities' A.
+  const __nv_bfloat16* q_at = qs + (16 * head_row + lane % 16) * kPitch + (lane / 16) * 8;
+  const __nv_bfloat16* key_at = tile_rows + (16 * col + lane % 8 + (lane / 16) * 8) * kPitch + (lane / 8) % 2 * 8;
+  const __nv_bfloat16* value_at = tile_rows + (lane % 8 + (lane / 8) % 2 * 8) * kPitch + kValueDims * col + (lane / 16) * 8;
+  const __nv_bfloat16* prob_at = probs + (16 * head_row + lane % 16) * kProbPitch + (lane / 16) * 8;
+
+  float o[kValueTiles][4] = {};
+  float running_max[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};  // heads g, g + 8 of the head row
+
+  stage(0, 0);
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const int slot = tile % 2;
+    if (tile + 1 < n_tiles) stage(tile + 1, slot ^ 1);
+    commit_async_copies();
+    await_async_copies<1>();  // this tile's copies (the next tile's may still be in flight)
+    __syncthreads();          // every thread's copies landed; every warp is done with the last tile
+    convert(slot);
+    __syncthreads();
+
+    // Logits: c[n][k] is head 16·head_row + g + 8·(k / 2), tile row 16·col + 8n + 2i + k % 2.
+    float c[2][4] = {};
+    for (int kk = 0; kk < hd / 16; ++kk) {
+      uint32_t qa[4], kb[4];
+      load_matrices<false>(qa, q_at + 16 * kk);
+      load_matrices<false>(kb, key_at + 16 * kk);
+      mma_bf16(c[0], qa, kb[0], kb[1]);
+      mma_bf16(c[1], qa, kb[2], kb[3]);
+    }
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const bool present = kinds[slot * kTileRows + 16 * col + 8 * n + 2 * i + k % 2] != kNoRow;
+        c[n][k] = present ? c[n][k] * a.softmax_scale : -INFINITY;
+        mx[k / 2] = fmaxf(mx[k / 2], c[n][k]);
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFullMask, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFullMask, mx[r], 2));
+      if (i == 0) meet[col * kHeads + 16 * head_row + g + 8 * r] = mx[r];
+    }
+    __syncthreads();
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int h = 16 * head_row + g + 8 * r;
+      const float m = fmaxf(running_max[r], fmaxf(meet[h], meet[kHeads + h]));
+      const float base = m == -INFINITY ? 0.0f : m;  // every row so far absent: all terms stay 0
+      alpha[r] = __expf(running_max[r] - base);
+      running_max[r] = m;
+      float s = 0.0f;
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        c[n][2 * r] = __expf(c[n][2 * r] - base);
+        c[n][2 * r + 1] = __expf(c[n][2 * r + 1] - base);
+        s += c[n][2 * r] + c[n][2 * r + 1];
+        *reinterpret_cast<uint32_t*>(probs + h * kProbPitch + 16 * col + 8 * n + 2 * i) =
+            bf16x2_bits(c[n][2 * r], c[n][2 * r + 1]);
+      }
+      sum[r] = sum[r] * alpha[r] + s;
+    }
+    __syncthreads();
+
+    // Values: rescale where a max grew (all lanes alike once the maxima settle), then P · V.
+    if (__any_sync(kFullMask, alpha[0] != 1.0f || alpha[1] != 1.0f))
+#pragma unroll
+      for (int n = 0; n < kValueTiles; ++n) o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+#pragma unroll
+    for (int ks = 0; ks < kTileRows / 16; ++ks) {
+      uint32_t pa[4];
+      load_matrices<false>(pa, prob_at + 16 * ks);
+#pragma unroll
+      for (int np = 0; np < kValueTiles / 2; ++np) {
+        if (kValueDims * col + 16 * np >= hd) break;
+        uint32_t vb[4];
+        load_matrices<true>(vb, value_at + 16 * ks * kPitch + 16 * np);
+        mma_bf16(o[2 * np], pa, vb[0], vb[1]);
+        mma_bf16(o[2 * np + 1], pa, vb[2], vb[3]);
+      }
+    }
+  }
+
+  // The denominator: the lanes' and the two column warps' sums, then the sink.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    sum[r] += __shfl_xor_sync(kFullMask, sum[r], 1);
+    sum[r] += __shfl_xor_sync(kFullMask, sum[r], 2);
+  }
+  __syncthreads();  // every warp is done reading the maxima
+  if (i == 0)
+    for (int r = 0; r < 2; ++r) meet[col * kHeads + 16 * head_row + g + 8 * r] = sum[r];
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t h = h0 + 16 * head_row + g + 8 * r;
+    if (h >= a.H) continue;
+    const int hl = int(h - h0);
+    const float den = meet[hl] + meet[kHeads + hl] + __expf(a.sinks[h] - running_max[r]);
+    float* out = a.out + (t * a.H + h) * hd;
+#pragma unroll
+    for (int n = 0; n < kValueTiles; ++n) {
+      const int d = kValueDims * col + 8 * n + 2 * i;
+      if (d >= hd) break;
+      *reinterpret_cast<float2*>(out + d) =
+          make_float2(round_if(a.bf16, o[n][2 * r] / den), round_if(a.bf16, o[n][2 * r + 1] / den));
+    }
+  }
+}
+
+}  // namespace
+
+bool fits_tensor_core_attention(const AttnArgs& a) {
+  const bool compact_rows = !a.comp.kv || (a.comp.format.kind == RowFormat::fp8_bf16 &&
+                                           size_t(a.comp.format.stride) * 4 <= size_t(kRawPitch));
+  return a.hd % 16 == 0 && a.hd <= kMaxDim && compact_rows;
+}
+
+void CudaBackend::tensor_core_attention(const AttnArgs& a, int64_t T) {
+  DSV4_CUDA_REQUIRE(fits_tensor_core_attention(a), "tensor-core attention: head dim ", a.hd, ", rows of kind ",
+                    int(a.comp.format.kind));
+  DeviceArray<__nv_bfloat16> window(stream_, size_t(a.swa.n * a.hd));
+  launch(window_bf16_kernel, grid_for(a.swa.n * a.hd, 256), 256, 0, stream_, a.swa.kv, a.swa.n * a.hd, window.get());
+  DSV4_CUDA_LAUNCHED("attention (window as bf16)");
+  allow_shared_memory(reinterpret_cast<const void*>(tc_attention_kernel), kSmemBytes, "tensor-core attention");
+  launch(tc_attention_kernel, dim3(unsigned(T), unsigned((a.H + kHeads - 1) / kHeads)), kThreads, kSmemBytes, stream_,
+         a, static_cast<const __nv_bfloat16*>(window.get()));
+  DSV4_CUDA_LAUNCHED("attention (tensor cores)");
+}
+
+}  // namespace dsv4::cuda
