@@ -558,7 +558,7 @@ void CudaBackend::gemm(const GemmRequest& r) {
   const int64_t row_floats = planes ? plane_words : tensor_cores ? (K + 3) / 4 : K;  // codes: 4 bytes a float
   const size_t n_qx = tiled ? (size_t(n_src * row_floats) + 3) / 4 * 4 : 0;  // scales 16-byte aligned
   const size_t n_sx = tiled ? size_t(n_src * n_k128) : 0;
-  const size_t n_grouping = dmma && !tensor_cores ? size_t(dmma_scratch_ints(r)) : 0;
+  const size_t n_grouping = dmma && !tensor_cores ? size_t(dmma_scratch_ints(r, tiled, sm_count_)) : 0;
 
   // The decode kernel's shape (see the top): nt token rows per group (one with a table: each row
   // has its own matrix); S warps per group of 4 rows, the fewest that still give every SM two
@@ -599,7 +599,7 @@ void CudaBackend::gemm(const GemmRequest& r) {
   }
   if (tiled) prepared.x = scratch, prepared.x_stride = planes ? plane_words : K, sx = scratch + n_qx;
   if (dmma) {
-    dmma_gemm(prepared, sx, round_out, reinterpret_cast<int32_t*>(scratch + n_qx + n_sx), stream_);
+    dmma_gemm(prepared, sx, round_out, reinterpret_cast<int32_t*>(scratch + n_qx + n_sx), sm_count_, stream_);
     return;
   }
 

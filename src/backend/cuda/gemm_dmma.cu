@@ -137,6 +137,8 @@ struct DmmaArgs {
   GemmRequest r;
   const float* sx;  // quantized: the activation scales [n_src, K/128]; nullptr in the double paths
   bool round_out;   // double paths: round the results to bf16
+  int64_t k_part;   // double paths: K per part of the grid's z (a multiple of kBK; K when unsplit)
+  double* partials;  // with parts: [parts, T, rows] double sums, added in part order by sum_parts_kernel
 };
 
 // One thread's share of a K step's operands, loaded into registers a step ahead (the loads are in
@@ -238,11 +240,12 @@ __global__ void __launch_bounds__(kThreads, kTiled ? 3 : 4) dmma_kernel(DmmaArgs
   const bool x_vec = reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && p.x_stride % 4 == 0;
   const bool w_vec = row_bytes(kFormat, K) % 16 == 0;
   Staged<kFormat> st;
-  load_step(st, p, W, src_of, n0, 0, x_vec, w_vec);
-  for (int64_t k0 = 0; k0 < K; k0 += kBK) {
+  const int64_t k_begin = int64_t(blockIdx.z) * args.k_part, k_end = k_begin + args.k_part < K ? k_begin + args.k_part : K;
+  load_step(st, p, W, src_of, n0, k_begin, x_vec, w_vec);
+  for (int64_t k0 = k_begin; k0 < k_end; k0 += kBK) {
     store_step<kFormat, kTiled>(st, As, Bs);
     __syncthreads();
-    if (k0 + kBK < K) load_step(st, p, W, src_of, n0, k0 + kBK, x_vec, w_vec);
+    if (k0 + kBK < k_end) load_step(st, p, W, src_of, n0, k0 + kBK, x_vec, w_vec);
 #pragma unroll
     for (int kk = 0; kk < kBK; kk += 4) {
       double a[4], b[4];
@@ -280,12 +283,27 @@ __global__ void __launch_bounds__(kThreads, kTiled ? 3 : 4) dmma_kernel(DmmaArgs
     float v;
     if (kTiled) {
       v = round_bf16(acc[i][j][c]);
+    } else if (args.partials) {
+      args.partials[(int64_t(blockIdx.z) * p.T + m) * p.rows + n] = d[i][j][c];
+      return;
     } else {
       v = float(d[i][j][c]);
       if (args.round_out) v = round_bf16(v);
     }
     p.y[m * p.y_stride + n] = v;
   });
+}
+
+// The double paths split over K: each output's part sums added in part order, rounded once.
+__global__ void sum_parts_kernel(const double* partials, int64_t parts, int64_t T, int64_t rows, bool round_out,
+                                 float* y, int64_t y_stride) {
+  await_previous_kernel();
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < T * rows; e += int64_t(gridDim.x) * blockDim.x) {
+    double sum = 0.0;
+    for (int64_t z = 0; z < parts; ++z) sum += partials[z * T * rows + e];
+    const float v = float(sum);
+    y[e / rows * y_stride + e % rows] = round_out ? round_bf16(v) : v;
+  }
 }
 
 // ---- FP4 weights, quantized: the integer tensor cores ------------------------------------------
@@ -473,14 +491,27 @@ int64_t lay_out_grouping(const GemmRequest& r, int32_t* scratch, Grouping& g) {
 
 }  // namespace
 
-int64_t dmma_scratch_ints(const GemmRequest& r) {
-  Grouping g;
-  return r.table ? lay_out_grouping(r, nullptr, g) : 0;
+// Parts of K for the double paths: when the tiles leave SMs idle (hc_pre's mix: 24 output rows of
+// K = 16 384, 32 tiles at 2 048 tokens, 1.3 ms on an H200), enough parts for two blocks per SM,
+// each at least 16 K steps.
+int64_t k_parts(const GemmRequest& r, bool quantized, int sm_count) {
+  if (quantized || r.table) return 1;
+  const int64_t tiles = (r.rows + kBN - 1) / kBN * row_tile_count(r);
+  return std::clamp<int64_t>(2 * sm_count / tiles, 1, std::max<int64_t>(1, r.W.in / (16 * kBK)));
 }
 
-void dmma_gemm(const GemmRequest& r, const float* sx, bool round_out, int32_t* scratch, cudaStream_t stream) {
+int64_t dmma_scratch_ints(const GemmRequest& r, bool quantized, int sm_count) {
+  Grouping g;
+  const int64_t parts = k_parts(r, quantized, sm_count);
+  return r.table ? lay_out_grouping(r, nullptr, g) : parts > 1 ? 2 * parts * r.T * r.rows : 0;
+}
+
+void dmma_gemm(const GemmRequest& r, const float* sx, bool round_out, int32_t* scratch, int sm_count,
+               cudaStream_t stream) {
   if (r.T == 0 || r.rows == 0) return;
   const int64_t col_tiles = (r.rows + kBN - 1) / kBN, row_tiles = row_tile_count(r);
+  const int64_t parts = k_parts(r, sx != nullptr, sm_count);
+  const int64_t k_part = parts > 1 ? (r.W.in + parts * kBK - 1) / (parts * kBK) * kBK : r.W.in;
   DSV4_CUDA_REQUIRE(r.T < (int64_t(1) << 31) && row_tiles < 65536 && col_tiles < (int64_t(1) << 31),
                     "linear: ", r.T, " tokens × ", r.rows, " rows exceed the launch grid");
   Grouping g{};
@@ -495,8 +526,8 @@ void dmma_gemm(const GemmRequest& r, const float* sx, bool round_out, int32_t* s
     launch(scatter_rows_kernel, blocks, 256, 0, stream, r.view_of_row, r.T, r.n_views, g);
     DSV4_CUDA_LAUNCHED("linear (group rows by expert)");
   }
-  const DmmaArgs args{r, sx, round_out};
-  const dim3 grid{unsigned(col_tiles), unsigned(row_tiles)};
+  const DmmaArgs args{r, sx, round_out, k_part, parts > 1 ? reinterpret_cast<double*>(scratch) : nullptr};
+  const dim3 grid{unsigned(col_tiles), unsigned(row_tiles), unsigned((r.W.in + k_part - 1) / k_part)};
   // Quantized (sx): FP8 on the FP64 tensor cores, FP4 on the integer ones; else the double paths.
   // The DMMA kernel is launched plain: its early (dependent) launches cost a 4K prefill 5% (launch.cuh).
   switch (r.W.format) {
@@ -512,6 +543,11 @@ void dmma_gemm(const GemmRequest& r, const float* sx, bool round_out, int32_t* s
     default: launch<Launch::plain>(dmma_kernel<kF32, false>, grid, kThreads, 0, stream, args, g); break;
   }
   DSV4_CUDA_LAUNCHED("linear (tensor cores)");
+  if (args.partials) {
+    launch(sum_parts_kernel, grid_for(r.T * r.rows, 256), 256, 0, stream, args.partials, int64_t(grid.z), r.T, r.rows,
+           round_out, r.y, r.y_stride);
+    DSV4_CUDA_LAUNCHED("linear (K parts)");
+  }
 }
 
 }  // namespace dsv4::cuda

@@ -21,14 +21,17 @@
 namespace dsv4::cuda {
 
 // Int32 elements of scratch that dmma_gemm(r, ...) needs: the grouping of rows by expert with a
-// table, none without.
-int64_t dmma_scratch_ints(const GemmRequest& r);
+// table; without one, the double sums of K's parts when the double paths split K (few tiles for
+// the device's sm_count multiprocessors).
+int64_t dmma_scratch_ints(const GemmRequest& r, bool quantized, int sm_count);
 
 // Enqueues the product r on `stream`. A quantized (tiled) product passes the e4m3 activation
 // values as r.x (rows of r.x_stride; for FP4 weights their byte planes, as gemm.cu's
 // act_quant_kernel writes them) and their per-128 scales in sx [n_src, K/128]; the double paths
 // pass the fp32 activations and sx = nullptr, and round_out rounds their results to bf16.
-// scratch holds dmma_scratch_ints(r) elements, free for this product's duration (stream order).
-void dmma_gemm(const GemmRequest& r, const float* sx, bool round_out, int32_t* scratch, cudaStream_t stream);
+// scratch holds dmma_scratch_ints(r, sx != nullptr, sm_count) elements, 8-byte aligned and free for
+// this product's duration (stream order).
+void dmma_gemm(const GemmRequest& r, const float* sx, bool round_out, int32_t* scratch, int sm_count,
+               cudaStream_t stream);
 
 }  // namespace dsv4::cuda

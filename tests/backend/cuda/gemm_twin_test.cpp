@@ -25,6 +25,9 @@ TEST(CudaTwin, LinearAllFormatsAndSizes) {
   for (auto [T, out, in] : {std::tuple{1, 1, 128}, {31, 17, 224}, {7, 256, 256}, {3, 128, 4096}, {2, 33, 96},
                               // many rows: the FP64 tensor-core path, with tails in all three dimensions
                               {97, 200, 320}, {70, 65, 4096}, {64, 64, 128},
+                              // many rows, few tiles: the tensor-core double paths split K (hc_pre's
+                              // mix shape; a K that the parts do not divide)
+                              {200, 24, 16384}, {40, 24, 3008},
                               // few rows over a long K: the double paths split K across blocks
                               {1, 24, 16384}, {2, 5, 3008}}) {
     for (WeightFormat f : {WeightFormat::fp8, WeightFormat::fp4}) {
