@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """dsv4 serve end to end, driven by the official `openai` client (issue 5's acceptance tests).
 
-    server_test.py path/to/dsv4 path/to/tiny-chat-model
+    server_test.py path/to/dsv4 path/to/tiny-chat-model [TestClass ...]
 
 Starts servers on free ports with the demo chat model (the real V4 vocabulary and tokenizer,
 random weights: replies are noise but structurally valid) and checks chat and completions,
@@ -372,4 +372,4 @@ class ShutdownTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(argv=sys.argv[:1], verbosity=2)
+    unittest.main(argv=sys.argv[:1] + sys.argv[3:], verbosity=2)  # further arguments pick test classes
