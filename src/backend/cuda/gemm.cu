@@ -47,6 +47,7 @@
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/gemm_dmma.h"
+#include "backend/cuda/gemm_experts_tc.h"
 #include "backend/cuda/gemm_tc.h"
 #include "backend/cuda/quant.cuh"
 #include "backend/cuda/weight_access.cuh"
@@ -547,18 +548,23 @@ void CudaBackend::gemm(const GemmRequest& r) {
     tensor_cores_->run_bf16(r, stream_);
     return;
   }
+  // deepseek-tc: the routed FP4 experts of many rows on the bf16 tensor cores, from the activations'
+  // e4m3 values (gemm_experts_tc.cu).
+  const bool tc_experts = numerics() == Numerics::deepseek_tc && tiled && dmma && fits_tensor_core_experts(r);
   const bool round_out = deepseek() && r.compute != Compute::f32;
   const int64_t n_src = (r.T + r.x_div - 1) / r.x_div, n_k128 = (K + 127) / 128;
   // One scratch buffer, in parts that are live together: the quantized activations, their scales
   // and the FP64 path's grouping of rows by expert (int32, as wide as a float).
   // FP4 weights read the activations as integer byte planes (see the top), on either kernel.
-  const bool planes = tiled && W.format == kFp4;
+  const bool planes = tiled && W.format == kFp4 && !tc_experts;
   const QuantizedX::Form form = planes ? QuantizedX::planes : tensor_cores ? QuantizedX::codes : QuantizedX::values;
   const int64_t plane_words = planes ? (K + 31) / 32 * 24 : 0;
   const int64_t row_floats = planes ? plane_words : tensor_cores ? (K + 3) / 4 : K;  // codes: 4 bytes a float
   const size_t n_qx = tiled ? (size_t(n_src * row_floats) + 3) / 4 * 4 : 0;  // scales 16-byte aligned
   const size_t n_sx = tiled ? size_t(n_src * n_k128) : 0;
-  const size_t n_grouping = dmma && !tensor_cores ? size_t(dmma_scratch_ints(r, tiled, sm_count_)) : 0;
+  const size_t n_grouping = tc_experts               ? size_t(tensor_core_experts_scratch_ints(r))
+                            : dmma && !tensor_cores ? size_t(dmma_scratch_ints(r, tiled, sm_count_))
+                                                    : 0;
 
   // The decode kernel's shape (see the top): nt token rows per group (one with a table: each row
   // has its own matrix); S warps per group of 4 rows, the fewest that still give every SM two
@@ -598,6 +604,10 @@ void CudaBackend::gemm(const GemmRequest& r) {
     return;
   }
   if (tiled) prepared.x = scratch, prepared.x_stride = planes ? plane_words : K, sx = scratch + n_qx;
+  if (tc_experts) {
+    tensor_core_experts(prepared, sx, reinterpret_cast<int32_t*>(scratch + n_qx + n_sx), stream_);
+    return;
+  }
   if (dmma) {
     dmma_gemm(prepared, sx, round_out, reinterpret_cast<int32_t*>(scratch + n_qx + n_sx), sm_count_, stream_);
     return;

@@ -14,6 +14,7 @@
 // device), and each block takes 64 rows of one group, so an expert's weights are read once per 64
 // tokens instead of once per token. Rows without an expert form a last group that writes zeros.
 #include "backend/cuda/gemm_dmma.h"
+#include "backend/cuda/row_grouping.cuh"
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launch.cuh"
@@ -24,7 +25,7 @@ namespace dsv4::cuda {
 
 namespace {
 
-constexpr int kBM = 64, kBN = 64, kBK = 32, kThreads = 128;
+constexpr int kBM = kGroupTileRows, kBN = 64, kBK = 32, kThreads = 128;
 // Row pitch of the staged tiles, in doubles: +4 puts the 8 × 4 fragment reads of a half-warp on
 // 16 distinct bank pairs.
 constexpr int kPitch = kBK + 4;
@@ -44,19 +45,6 @@ __device__ __forceinline__ void for_each_fragment_element(int wm, int wn, int fg
 #pragma unroll
       for (int c = 0; c < 2; ++c) f(i, j, c, wm + i * 8 + fg, int64_t(wn) + j * 8 + 2 * ft + c);
 }
-
-// Rows grouped by view: group g < n_views holds the rows of view g, group n_views those without
-// one. offsets[g] is the group's first position in `order`, offsets[n_views + 1] = T; every
-// 64-row tile of a group is listed in tile_group / tile_row0 (−1 past the last).
-struct Grouping {
-  int32_t* counts;   // [n_views + 1]
-  int32_t* offsets;  // [n_views + 2]
-  int32_t* cursor;   // [n_views + 1]
-  int32_t* order;    // [T]
-  int32_t* tile_group;
-  int32_t* tile_row0;
-  int64_t max_tiles;
-};
 
 __device__ __forceinline__ int64_t group_of(const int32_t* view_of_row, int64_t m, int64_t n_views) {
   const int32_t v = view_of_row[m];
@@ -92,42 +80,6 @@ __global__ void scatter_rows_kernel(const int32_t* view_of_row, int64_t T, int64
   await_previous_kernel();
   for (int64_t m = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; m < T; m += int64_t(gridDim.x) * blockDim.x)
     g.order[atomicAdd(&g.cursor[group_of(view_of_row, m, n_views)], 1)] = int32_t(m);
-}
-
-// The kernels' common start: the block's 64 token rows (out_of: the y row, src_of: the x / qx
-// row, −1 for none) and its weights. Returns false when the block has nothing to compute: no
-// tile, or rows routed to no expert, whose outputs it sets to zero (they contribute nothing, as on
-// the CPU). Called by every thread; ends with a barrier.
-__device__ bool tile_rows(const GemmRequest& p, const Grouping& g, int64_t* src_of, int64_t* out_of, LinearView& W) {
-  W = p.W;
-  bool zeros = false;
-  if (p.table) {
-    const int32_t group = g.tile_group[blockIdx.y];
-    if (group < 0) return false;
-    const int64_t r0 = g.tile_row0[blockIdx.y], end = g.offsets[group + 1];
-    zeros = group == p.n_views;
-    if (!zeros) W = p.table[group];
-    for (int i = threadIdx.x; i < kBM; i += blockDim.x) {
-      const int64_t m = r0 + i < end ? g.order[r0 + i] : -1;
-      out_of[i] = m;
-      src_of[i] = m < 0 ? -1 : m / p.x_div;
-    }
-  } else {
-    const int64_t r0 = int64_t(blockIdx.y) * kBM;
-    for (int i = threadIdx.x; i < kBM; i += blockDim.x) {
-      const int64_t m = r0 + i < p.T ? r0 + i : -1;
-      out_of[i] = m;
-      src_of[i] = m < 0 ? -1 : m / p.x_div;
-    }
-  }
-  __syncthreads();
-  if (!zeros) return true;
-  const int64_t n0 = int64_t(blockIdx.x) * kBN;
-  for (int i = threadIdx.x; i < kBM * kBN; i += blockDim.x) {
-    const int r = i / kBN, c = i % kBN;
-    if (out_of[r] >= 0 && n0 + c < p.rows) p.y[out_of[r] * p.y_stride + n0 + c] = 0.0f;
-  }
-  return false;
 }
 
 // The kernel's arguments: the request (with the quantized activations as x) and what dmma_gemm
@@ -225,7 +177,7 @@ __global__ void __launch_bounds__(kThreads, kTiled ? 3 : 4) dmma_kernel(DmmaArgs
   __shared__ int64_t out_of[kBM];  // its y row
 
   LinearView W;
-  if (!tile_rows(p, g, src_of, out_of, W)) return;
+  if (!tile_rows(p, g, kBN, src_of, out_of, W)) return;
   const int64_t n0 = int64_t(blockIdx.x) * kBN, K = p.W.in;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -390,7 +342,7 @@ __global__ void __launch_bounds__(kThreads, 3) imma_fp4_kernel(DmmaArgs args, Gr
   __shared__ int64_t src_of[kBM], out_of[kBM];
 
   LinearView W;
-  if (!tile_rows(p, g, src_of, out_of, W)) return;
+  if (!tile_rows(p, g, kBN, src_of, out_of, W)) return;
   const int64_t n0 = int64_t(blockIdx.x) * kBN, K = p.W.in, n_tiles = (K + 31) / 32;
   const bool w_vec = row_bytes(kFp4, K) % 16 == 0;  // device weights start 256-byte aligned
 
@@ -472,6 +424,8 @@ __global__ void __launch_bounds__(kThreads, 3) imma_fp4_kernel(DmmaArgs args, Gr
       }
 }
 
+}  // namespace
+
 // Token-row tiles of the grid: with a table each group's last tile may be partial.
 int64_t row_tile_count(const GemmRequest& r) { return (r.T + kBM - 1) / kBM + (r.table ? r.n_views + 1 : 0); }
 
@@ -489,12 +443,22 @@ int64_t lay_out_grouping(const GemmRequest& r, int32_t* scratch, Grouping& g) {
   return used;
 }
 
-}  // namespace
+void group_rows(const GemmRequest& r, int32_t* scratch, Grouping& g, cudaStream_t stream) {
+  lay_out_grouping(r, scratch, g);
+  DSV4_CUDA_CHECK(cudaMemsetAsync(g.counts, 0, size_t(r.n_views + 1) * sizeof(int32_t), stream));
+  const unsigned blocks = unsigned(std::min<int64_t>((r.T + 255) / 256, 1024));
+  launch(count_rows_kernel, blocks, 256, 0, stream, r.view_of_row, r.T, r.n_views, g);
+  DSV4_CUDA_LAUNCHED("linear (count rows per expert)");
+  launch(plan_tiles_kernel, 1, 1, 0, stream, r.n_views, g);
+  DSV4_CUDA_LAUNCHED("linear (plan expert tiles)");
+  launch(scatter_rows_kernel, blocks, 256, 0, stream, r.view_of_row, r.T, r.n_views, g);
+  DSV4_CUDA_LAUNCHED("linear (group rows by expert)");
+}
 
 // Parts of K for the double paths: when the tiles leave SMs idle (hc_pre's mix: 24 output rows of
 // K = 16 384, 32 tiles at 2 048 tokens, 1.3 ms on an H200), enough parts for two blocks per SM,
 // each at least 16 K steps.
-int64_t k_parts(const GemmRequest& r, bool quantized, int sm_count) {
+static int64_t k_parts(const GemmRequest& r, bool quantized, int sm_count) {
   if (quantized || r.table) return 1;
   const int64_t tiles = (r.rows + kBN - 1) / kBN * row_tile_count(r);
   return std::clamp<int64_t>(2 * sm_count / tiles, 1, std::max<int64_t>(1, r.W.in / (16 * kBK)));
@@ -515,17 +479,7 @@ void dmma_gemm(const GemmRequest& r, const float* sx, bool round_out, int32_t* s
   DSV4_CUDA_REQUIRE(r.T < (int64_t(1) << 31) && row_tiles < 65536 && col_tiles < (int64_t(1) << 31),
                     "linear: ", r.T, " tokens × ", r.rows, " rows exceed the launch grid");
   Grouping g{};
-  if (r.table) {
-    lay_out_grouping(r, scratch, g);
-    DSV4_CUDA_CHECK(cudaMemsetAsync(g.counts, 0, size_t(r.n_views + 1) * sizeof(int32_t), stream));
-    const unsigned blocks = unsigned(std::min<int64_t>((r.T + 255) / 256, 1024));
-    launch(count_rows_kernel, blocks, 256, 0, stream, r.view_of_row, r.T, r.n_views, g);
-    DSV4_CUDA_LAUNCHED("linear (count rows per expert)");
-    launch(plan_tiles_kernel, 1, 1, 0, stream, r.n_views, g);
-    DSV4_CUDA_LAUNCHED("linear (plan expert tiles)");
-    launch(scatter_rows_kernel, blocks, 256, 0, stream, r.view_of_row, r.T, r.n_views, g);
-    DSV4_CUDA_LAUNCHED("linear (group rows by expert)");
-  }
+  if (r.table) group_rows(r, scratch, g, stream);
   const DmmaArgs args{r, sx, round_out, k_part, parts > 1 ? reinterpret_cast<double*>(scratch) : nullptr};
   const dim3 grid{unsigned(col_tiles), unsigned(row_tiles), unsigned((r.W.in + k_part - 1) / k_part)};
   // Quantized (sx): FP8 on the FP64 tensor cores, FP4 on the integer ones; else the double paths.
