@@ -155,7 +155,10 @@ __global__ void __launch_bounds__(kThreads, 1) tc_attention_kernel(AttnArgs a, c
   float o[kValueTiles][4] = {};
   float running_max[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};  // heads g, g + 8 of the head row
 
+  // The first tile's copies are a group of their own, which the first wait covers (in tile 1's
+  // group they could still be in flight at the first conversion: compute-sanitizer's racecheck).
   stage(0, 0);
+  commit_async_copies();
   for (int tile = 0; tile < n_tiles; ++tile) {
     const int slot = tile % 2;
     if (tile + 1 < n_tiles) stage(tile + 1, slot ^ 1);
