@@ -421,7 +421,7 @@ int run_bench(BenchOptions o) {
   return 0;
 }
 
-const bool registered = register_command({"bench", "Prefill and decode speed, bytes per token, bandwidth fraction",
+const bool bench_registered = register_command({"bench", "Prefill and decode speed, bytes per token, bandwidth fraction",
     [](CLI::App& app) -> std::function<int()> {
       auto o = std::make_shared<BenchOptions>();
       app.add_option("--model", o->model, "checkpoint folder");

@@ -109,7 +109,7 @@ int run_chat(const ChatCliOptions& o) {
   return 0;
 }
 
-const bool registered = register_command({"chat", "Chat in the terminal (V4 prompt format, streaming)",
+const bool chat_registered = register_command({"chat", "Chat in the terminal (V4 prompt format, streaming)",
     [](CLI::App& app) -> std::function<int()> {
       auto o = std::make_shared<ChatCliOptions>();
       app.add_option("--model", o->model, "checkpoint folder (default: the demo model, random weights)")

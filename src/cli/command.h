@@ -1,7 +1,8 @@
 // The CLI's subcommand registry. Each src/cli/<name>.cpp defines one subcommand and registers it
-// with a file-scope `const bool registered = register_command({...});`, so adding a subcommand
-// touches no other file. The files are linked straight into the executable (not a library), so
-// the registrations are never dropped by the linker.
+// with a file-scope `const bool <name>_registered = register_command({...});`, so adding a
+// subcommand touches no other file. The files are linked straight into the executable (not a
+// library), so the registrations are never dropped by the linker. They are compiled in batches
+// (a unity build, CMakeLists.txt), so their file-scope names must differ between files.
 #pragma once
 
 #include <CLI/CLI.hpp>

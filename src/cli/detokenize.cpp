@@ -72,7 +72,7 @@ int run_detokenize(const DetokenizeOptions& o) {
   return 0;
 }
 
-const bool registered = register_command({
+const bool detokenize_registered = register_command({
     "detokenize", "Decode token ids from stdin to text",
     [](CLI::App& app) -> std::function<int()> {
       auto o = std::make_shared<DetokenizeOptions>();

@@ -149,7 +149,7 @@ int run_generate(const GenerateOptions& o) {
   return 0;
 }
 
-const bool registered = register_command({"generate", "Generate tokens from a prompt of token ids",
+const bool generate_registered = register_command({"generate", "Generate tokens from a prompt of token ids",
     [](CLI::App& app) -> std::function<int()> {
       auto o = std::make_shared<GenerateOptions>();
       app.add_option("--model", o->model, "checkpoint folder")->capture_default_str();

@@ -40,7 +40,7 @@ int run_inspect(const std::string& dir, int64_t context) {
   return 0;
 }
 
-const bool registered = register_command({"inspect", "Validate a checkpoint and print its config, schedule and memory plan",
+const bool inspect_registered = register_command({"inspect", "Validate a checkpoint and print its config, schedule and memory plan",
     [](CLI::App& app) -> std::function<int()> {
       auto dir = std::make_shared<std::string>(default_model_dir());
       auto context = std::make_shared<int64_t>(1 << 20);

@@ -59,7 +59,7 @@ int run_logits(const LogitsOptions& o) {
   return 0;
 }
 
-const bool registered = register_command({"logits", "Write the logits of every position of a token list",
+const bool logits_registered = register_command({"logits", "Write the logits of every position of a token list",
     [](CLI::App& app) -> std::function<int()> {
       auto o = std::make_shared<LogitsOptions>();
       app.add_option("--model", o->model, "checkpoint folder")->capture_default_str();

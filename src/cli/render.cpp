@@ -72,7 +72,7 @@ int run_render(const RenderOptions& o) {
   return 0;
 }
 
-const bool registered = register_command({
+const bool render_registered = register_command({
     "render", "Render chat messages into the V4 prompt text and ids",
     [](CLI::App& app) -> std::function<int()> {
       auto o = std::make_shared<RenderOptions>();

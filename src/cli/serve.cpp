@@ -141,7 +141,7 @@ int run_serve(const ServeOptions& o) {
   return 0;
 }
 
-const bool registered = register_command({"serve", "OpenAI-compatible HTTP server with continuous batching",
+const bool serve_registered = register_command({"serve", "OpenAI-compatible HTTP server with continuous batching",
     [](CLI::App& app) -> std::function<int()> {
       auto o = std::make_shared<ServeOptions>();
       app.add_option("--model", o->model, "checkpoint folder (default: the demo chat model, random weights)")

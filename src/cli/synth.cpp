@@ -36,7 +36,7 @@ int run_synth(const SynthOptions& o) {
   return 0;
 }
 
-const bool registered = register_command({"synth", "Write a checkpoint with random weights (benchmarks, demo model)",
+const bool synth_registered = register_command({"synth", "Write a checkpoint with random weights (benchmarks, demo model)",
     [](CLI::App& app) -> std::function<int()> {
       auto o = std::make_shared<SynthOptions>();
       app.add_option("--preset", o->preset, "v4-flash | v4-pro | tiny-chat (default)");

@@ -44,7 +44,7 @@ int run_tokenize(const TokenizeOptions& o) {
   return 0;
 }
 
-const bool registered = register_command({
+const bool tokenize_registered = register_command({
     "tokenize", "Encode stdin to token ids",
     [](CLI::App& app) -> std::function<int()> {
       auto o = std::make_shared<TokenizeOptions>();
