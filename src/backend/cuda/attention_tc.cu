@@ -64,13 +64,7 @@ __device__ inline uint2 e4m3x4_bf16(uint32_t word, uint32_t e) {
     const uint32_t code = word >> (8 * c);
     v[c] = __uint_as_float(((code & 0x7fu) << 20) | ((code & 0x80u) << 24)) * 0x1p120f * scale;
   }
-  const __nv_bfloat162 lo = __floats2bfloat162_rn(v[0], v[1]), hi = __floats2bfloat162_rn(v[2], v[3]);
-  return make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
-}
-
-__device__ inline uint32_t bf16x2_bits(float a, float b) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-  return *reinterpret_cast<const uint32_t*>(&v);
+  return make_uint2(bf16x2_bits(v[0], v[1]), bf16x2_bits(v[2], v[3]));
 }
 
 __global__ void window_bf16_kernel(const float* kv, int64_t n, __nv_bfloat16* out) {

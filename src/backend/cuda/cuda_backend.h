@@ -15,6 +15,7 @@
 // and kept, keyed by its host address and size, until the backend is destroyed.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -46,6 +47,12 @@ struct LinearView {
 // routed experts: one matrix per (token, slot) row; an out-of-range index yields 0).
 struct AttnArgs;  // one attention call's operands (attention_rows.cuh)
 class TensorCoreGemm;  // deepseek-tc's tensor-core products (gemm_tc.h)
+
+// The layouts in which a quantized product's activations are prepared (gemm.cu's act_quant): the
+// e4m3 values as floats; e4m3 bytes (deepseek-tc's FP8 tensor cores); integer byte planes (FP4
+// weights on the exact path); the values times their scales as bf16, exact (deepseek-tc's FP4
+// experts on the bf16 tensor cores).
+enum class QuantizedForm { values, codes, planes, scaled_bf16 };
 
 struct GemmRequest {
   LinearView W;
@@ -230,6 +237,9 @@ class CudaBackend final : public Backend {
   void few_query_attention(const AttnArgs& a, int64_t T);
   // deepseek-tc, many queries: the bf16 tensor cores (attention_tc.cu).
   void tensor_core_attention(const AttnArgs& a, int64_t T);
+  // deepseek-tc, routed FP4 experts of many rows: the bf16 tensor cores (gemm_experts_tc.cu), from
+  // the activations in QuantizedForm::scaled_bf16 (rows of r.W.in); scratch holds the grouping.
+  void tensor_core_experts(const GemmRequest& r, const __nv_bfloat16* x, int32_t* scratch);
 
   // ---- shared GEMM entry (gemm.cu), used by linear, hc and moe ----
   void gemm(const GemmRequest& r);
@@ -243,11 +253,9 @@ class CudaBackend final : public Backend {
   // What the scratch's quantized activations are of (GemmRequest.x_as_before): the source rows,
   // K, the format's layout and the scratch itself; all zero when the last GEMM left none.
   struct QuantizedX {
-    // e4m3 values as floats, e4m3 bytes (deepseek-tc's tensor cores), integer byte planes (FP4)
-    enum Form { values, codes, planes };
     const float* x = nullptr;
     int64_t x_stride = 0, rows = 0, K = 0;
-    Form form = values;
+    QuantizedForm form = QuantizedForm::values;
     const void* scratch = nullptr;
     bool operator==(const QuantizedX&) const = default;
   };

@@ -6,6 +6,7 @@
 // can change the float result only when the double sums straddle a float rounding tie.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -133,6 +134,11 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+
+// The bits of two bf16 (the first in the low half), the tensor cores' operand word; from two
+// floats, each rounded to nearest.
+__device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) { return *reinterpret_cast<const uint32_t*>(&v); }
+__device__ __forceinline__ uint32_t bf16x2_bits(float a, float b) { return bf16x2_bits(__floats2bfloat162_rn(a, b)); }
 
 // Four 8 × 8 matrices of 16-bit values from shared memory (ldmatrix): lanes 8m … 8m + 7 give the
 // addresses of matrix m's rows (16 bytes each), and lane 4·r + c receives r[m] = row r's elements

@@ -72,27 +72,34 @@ __host__ __device__ constexpr int chunk_elems(int format) {
 }
 
 // Phase 1: ActQuantFP8 of each 128-block of each source row. Grid (rows, K blocks), 128 threads,
-// one element each; the block's amax by a block-wide fmax. The e4m3 values go to qx as floats,
-// to `codes` as e4m3 bytes (the FP8 tensor cores' operand, deepseek-tc), or, for FP4 weights, to
-// `planes` as the integers k = x · 2^9 in three byte planes per group of 4 (see the top;
-// plane_words per row, K padded with zeros to whole 32-tiles). One of the three is given.
-__global__ void act_quant_kernel(const float* x, int64_t x_stride, int64_t K, float* qx, uint8_t* codes,
-                                 uint32_t* planes, int64_t plane_words, float* sx) {
+// one element each; the block's amax by a block-wide fmax. The e4m3 values go to `out` in `form`
+// (QuantizedForm): as floats; as e4m3 bytes (the FP8 tensor cores' operand, deepseek-tc); for FP4
+// weights as the integers k = x · 2^9 in three byte planes per group of 4 (see the top;
+// plane_words per row, K padded with zeros to whole 32-tiles); or times their scales as bf16
+// (deepseek-tc's experts). The scales go to sx.
+__global__ void act_quant_kernel(const float* x, int64_t x_stride, int64_t K, QuantizedForm form, void* out,
+                                 int64_t plane_words, float* sx) {
   await_previous_kernel();
   __shared__ float scratch[32];
   const int64_t m = blockIdx.x, b = blockIdx.y, k = b * 128 + threadIdx.x;
   const float v = k < K ? x[m * x_stride + k] : 0.0f;
   const float amax = block_max(fabsf(v), scratch);
   const int e = fp8_scale_exp(amax);
+  const bool codes = form == QuantizedForm::codes;
   // The scales per row, [rows][K/128]; for the FP8 tensor cores per K block, [K/128][rows] (their layout).
   if (threadIdx.x == 0) sx[codes ? b * gridDim.x + m : m * gridDim.y + b] = ldexpf(1.0f, e);
-  if (codes) {  // the value is on the e4m3 grid: the conversion is exact
-    if (k < K) codes[m * K + k] = __nv_cvt_float_to_fp8(fp8_quantize(v, e), __NV_SATFINITE, __NV_E4M3);
-    return;
-  }
-  if (!planes) {
-    if (k < K) qx[m * K + k] = fp8_quantize(v, e);
-    return;
+  switch (form) {
+    case QuantizedForm::codes:  // the value is on the e4m3 grid: the conversion is exact
+      if (k < K)
+        static_cast<uint8_t*>(out)[m * K + k] = __nv_cvt_float_to_fp8(fp8_quantize(v, e), __NV_SATFINITE, __NV_E4M3);
+      return;
+    case QuantizedForm::values:
+      if (k < K) static_cast<float*>(out)[m * K + k] = fp8_quantize(v, e);
+      return;
+    case QuantizedForm::scaled_bf16:  // exact: an e4m3 value times a power of two
+      if (k < K) static_cast<__nv_bfloat16*>(out)[m * K + k] = __float2bfloat16_rn(ldexpf(fp8_quantize(v, e), e));
+      return;
+    case QuantizedForm::planes: break;
   }
   const uint32_t q = uint32_t(int32_t(fp8_quantize(v, e) * 512.0f));  // exact (zero past K)
   // The group's 4 values to its first thread (a group is 4 lanes of one warp).
@@ -100,6 +107,7 @@ __global__ void act_quant_kernel(const float* x, int64_t x_stride, int64_t K, fl
                  q3 = __shfl_down_sync(kFullMask, q, 3);
   const int64_t group = k / 4;
   if (threadIdx.x % 4 != 0 || 3 * group >= plane_words) return;
+  uint32_t* planes = static_cast<uint32_t*>(out);
   for (uint32_t p = 0; p < 3; ++p) {  // byte p of each value
     const uint32_t pick = p | (4 + p) << 4;
     planes[m * plane_words + 3 * group + p] = __byte_perm(__byte_perm(q, q1, pick), __byte_perm(q2, q3, pick), 0x5410);
@@ -548,8 +556,8 @@ void CudaBackend::gemm(const GemmRequest& r) {
     tensor_cores_->run_bf16(r, stream_);
     return;
   }
-  // deepseek-tc: the routed FP4 experts of many rows on the bf16 tensor cores, from the activations'
-  // e4m3 values (gemm_experts_tc.cu).
+  // deepseek-tc: the routed FP4 experts of many rows on the bf16 tensor cores, from the activations
+  // as bf16 (gemm_experts_tc.cu).
   const bool tc_experts = numerics() == Numerics::deepseek_tc && tiled && dmma && fits_tensor_core_experts(r);
   const bool round_out = deepseek() && r.compute != Compute::f32;
   const int64_t n_src = (r.T + r.x_div - 1) / r.x_div, n_k128 = (K + 127) / 128;
@@ -557,14 +565,18 @@ void CudaBackend::gemm(const GemmRequest& r) {
   // and the FP64 path's grouping of rows by expert (int32, as wide as a float).
   // FP4 weights read the activations as integer byte planes (see the top), on either kernel.
   const bool planes = tiled && W.format == kFp4 && !tc_experts;
-  const QuantizedX::Form form = planes ? QuantizedX::planes : tensor_cores ? QuantizedX::codes : QuantizedX::values;
+  const QuantizedForm form = planes         ? QuantizedForm::planes
+                             : tensor_cores ? QuantizedForm::codes
+                             : tc_experts   ? QuantizedForm::scaled_bf16
+                                            : QuantizedForm::values;
   const int64_t plane_words = planes ? (K + 31) / 32 * 24 : 0;
-  const int64_t row_floats = planes ? plane_words : tensor_cores ? (K + 3) / 4 : K;  // codes: 4 bytes a float
+  const int64_t row_floats = planes ? plane_words
+                             : form == QuantizedForm::codes       ? (K + 3) / 4  // 4 bytes a float
+                             : form == QuantizedForm::scaled_bf16 ? (K + 1) / 2
+                                                                  : K;
   const size_t n_qx = tiled ? (size_t(n_src * row_floats) + 3) / 4 * 4 : 0;  // scales 16-byte aligned
   const size_t n_sx = tiled ? size_t(n_src * n_k128) : 0;
-  const size_t n_grouping = tc_experts               ? size_t(tensor_core_experts_scratch_ints(r))
-                            : dmma && !tensor_cores ? size_t(dmma_scratch_ints(r, tiled, sm_count_))
-                                                    : 0;
+  const size_t n_grouping = dmma && !tensor_cores ? size_t(dmma_scratch_ints(r, tiled, sm_count_)) : 0;
 
   // The decode kernel's shape (see the top): nt token rows per group (one with a table: each row
   // has its own matrix); S warps per group of 4 rows, the fewest that still give every SM two
@@ -593,21 +605,19 @@ void CudaBackend::gemm(const GemmRequest& r) {
   const bool reuse = tiled && r.x_as_before && quantized == quantized_x_;
   quantized_x_ = quantized;  // a GEMM without quantization may overwrite the scratch (K parts)
   if (tiled && !reuse) {
-    launch(act_quant_kernel, dim3(unsigned(n_src), unsigned(n_k128)), 128, 0, stream_, r.x, r.x_stride, K,
-           form == QuantizedX::values ? scratch : nullptr,
-           form == QuantizedX::codes ? reinterpret_cast<uint8_t*>(scratch) : nullptr,
-           form == QuantizedX::planes ? reinterpret_cast<uint32_t*>(scratch) : nullptr, plane_words, scratch + n_qx);
+    launch(act_quant_kernel, dim3(unsigned(n_src), unsigned(n_k128)), 128, 0, stream_, r.x, r.x_stride, K, form,
+           static_cast<void*>(scratch), plane_words, scratch + n_qx);
     DSV4_CUDA_LAUNCHED("linear (activation quantization)");
   }
   if (tensor_cores) {
     tensor_cores_->run_quantized(r, reinterpret_cast<const uint8_t*>(scratch), scratch + n_qx, stream_);
     return;
   }
-  if (tiled) prepared.x = scratch, prepared.x_stride = planes ? plane_words : K, sx = scratch + n_qx;
   if (tc_experts) {
-    tensor_core_experts(prepared, sx, reinterpret_cast<int32_t*>(scratch + n_qx + n_sx), stream_);
+    tensor_core_experts(r, reinterpret_cast<const __nv_bfloat16*>(scratch), reinterpret_cast<int32_t*>(scratch + n_qx + n_sx));
     return;
   }
+  if (tiled) prepared.x = scratch, prepared.x_stride = planes ? plane_words : K, sx = scratch + n_qx;
   if (dmma) {
     dmma_gemm(prepared, sx, round_out, reinterpret_cast<int32_t*>(scratch + n_qx + n_sx), sm_count_, stream_);
     return;

@@ -412,16 +412,7 @@ __global__ void __launch_bounds__(kThreads, 3) imma_fp4_kernel(DmmaArgs args, Gr
     __syncthreads();
   }
 
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = wm + 16 * i + fg + (e >= 2 ? 8 : 0);
-        const int64_t m = out_of[row], n = n0 + wn + 8 * j + 2 * ft + (e & 1);
-        if (m >= 0 && n < p.rows) p.y[m * p.y_stride + n] = round_bf16(acc[i][j][e]);
-      }
+  store_warp_tile(p, out_of, acc, wm, n0 + wn);
 }
 
 }  // namespace

@@ -20,9 +20,9 @@
 
 namespace dsv4::cuda {
 
-// Int32 elements of scratch that dmma_gemm(r, ...) needs: the grouping of rows by expert with a
-// table; without one, the double sums of K's parts when the double paths split K (few tiles for
-// the device's sm_count multiprocessors).
+// Int32 elements of scratch that dmma_gemm(r, ...) needs (as do the tensor-core experts): the
+// grouping of rows by expert with a table; without one, the double sums of K's parts when the
+// double paths split K (few tiles for the device's sm_count multiprocessors).
 int64_t dmma_scratch_ints(const GemmRequest& r, bool quantized, int sm_count);
 
 // Enqueues the product r on `stream`. A quantized (tiled) product passes the e4m3 activation

@@ -1,20 +1,24 @@
 // deepseek-tc's routed FP4 experts on the bf16 tensor cores (gemm_experts_tc.h).
 //
 // The rows are grouped by expert (row_grouping.cuh) and each block takes 64 rows of one expert
-// against 128 of its output rows, so an expert's weights are read once per 64 tokens, as stored
+// against 256 of its output rows, so an expert's weights are read once per 64 tokens, as stored
 // (FP4 nibbles and their E8M0 1×32 scales). Every operand is exact in bf16: an activation is its
-// e4m3 value times its row's 1×128 scale, a weight its e2m1 value times its 1×32 scale (powers of
-// two), so the products are the exact path's; only the sum differs, accumulated in fp32 over the
-// whole K on the tensor cores (mma.m16n8k16) where the exact path folds each 32-block's exact
-// integer sum into fp32 in K order.
+// e4m3 value times its row's 1×128 scale (act_quant writes it so, QuantizedForm::scaled_bf16), a
+// weight its e2m1 value times its 1×32 scale (powers of two), so the products are the exact
+// path's; only the sum differs, accumulated in fp32 over the whole K on the tensor cores
+// (mma.m16n8k16) where the exact path folds each 32-block's exact integer sum into fp32 in K order.
 //
-// K steps of 32, one FP4 scale block: each thread loads its share of the next step into registers
-// (8 activations; 16 weight nibbles and their scale) while the current one is summed from shared
-// memory, then converts it: activations times their scale, weights through byte tables (a code's
-// bf16 high and low bytes picked by its magnitude, the sign from its top bit) times theirs. The 8
-// warps take 32 × 32 of the block's 64 × 128 each.
+// K steps of 128. A step's activations (bf16), raw weight bytes and weight scales reach shared
+// memory kStages − 1 steps ahead (cp.async; the scales through a register), one barrier per step.
+// Each warp takes all 64 rows against 32 output rows and turns its own weights into mma operands
+// in registers: a lane reads its column's 16-byte chunk (32 codes, one scale block), picks the 4
+// bytes its fragments hold, and makes each code a bf16 from byte tables (its high and low bytes by
+// magnitude, the sign from its top bit) times the block's scale. So each weight is converted once
+// per block and read from shared memory as its 4 bits, not as a bf16 (the activations' ldmatrix
+// is then most of the shared-memory traffic).
 #include <cuda_bf16.h>
 
+#include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/gemm_experts_tc.h"
 #include "backend/cuda/launch.cuh"
@@ -25,19 +29,17 @@ namespace dsv4::cuda {
 
 namespace {
 
-constexpr int kRows = kGroupTileRows, kCols = 128, kStep = 32, kThreads = 256;
-constexpr int kPitch = kStep + 8;  // bf16 per staged row (80 B): ldmatrix's 8 rows on distinct banks
+constexpr int kRows = kGroupTileRows, kCols = 256, kStep = 128, kStages = 3, kThreads = 256;
+constexpr int kPitch = kStep + 8;    // bf16 per staged activation row (272 B): ldmatrix's 8 rows on distinct banks
+constexpr int kRawRow = kStep / 2;   // bytes of a weight row per step: 4 chunks of 32 codes, one scale block each
+constexpr int kChunkCodes = 32;
+constexpr size_t kActBytes = size_t(kStages) * kRows * kPitch * 2, kRawBytes = size_t(kStages) * kCols * kRawRow,
+                 kScaleBytes = size_t(kStages) * kCols * 4;
+constexpr size_t kSmemBytes = kActBytes + kRawBytes + kScaleBytes;  // 104 448: two blocks per SM
 
-// One thread's share of a step: activations of row threadIdx.x / 4, elements 8 · (threadIdx.x % 4)
-// on; weight nibbles of output row threadIdx.x / 2, elements 16 · (threadIdx.x % 2) on.
-struct Staged {
-  float4 x[2];
-  float sx;
-  uint2 w;
-  float sw;
-};
-
-__device__ inline uint32_t bf16x2_bits(__nv_bfloat162 v) { return *reinterpret_cast<const uint32_t*>(&v); }
+// Where chunk c of weight row r sits in its 64 bytes: the 8 rows a warp's lanes read at once
+// (one chunk each) land on distinct banks.
+__device__ __forceinline__ int chunk_at(int r, int c) { return c ^ ((r >> 1) & 3); }
 
 // Four e2m1 codes (the low 16 bits, the first in the low nibble) as four bf16, two per word.
 __device__ inline uint2 e2m1x4_bf16(uint32_t n) {
@@ -51,110 +53,131 @@ __device__ inline uint2 e2m1x4_bf16(uint32_t n) {
   return make_uint2(__byte_perm(lo, hi, 0x5140u), __byte_perm(lo, hi, 0x7362u));
 }
 
-__device__ inline uint32_t scaled(uint32_t pair, __nv_bfloat162 scale) {  // exact: scale is a power of two
+// An E8M0 scale as two bf16 (exact: 2^-127 is a bf16 subnormal; 255 is NaN, as e8m0_to_f32 has it).
+__device__ __forceinline__ __nv_bfloat162 e8m0_bf16x2(uint32_t e) {
+  const uint32_t bits = e == 255 ? 0x7FC0u : e ? e << 7 : 0x0040u;
+  const uint32_t pair = bits | bits << 16;
+  return *reinterpret_cast<const __nv_bfloat162*>(&pair);
+}
+
+__device__ __forceinline__ uint32_t scaled(uint32_t pair, __nv_bfloat162 scale) {  // exact: a power of two
   return bf16x2_bits(__hmul2(*reinterpret_cast<const __nv_bfloat162*>(&pair), scale));
 }
 
-__global__ void __launch_bounds__(kThreads) experts_tc_kernel(GemmRequest p, const float* sxs, Grouping g) {
+// x: the activations as bf16, rows of K.
+__global__ void __launch_bounds__(kThreads, 2) experts_tc_kernel(GemmRequest p, const __nv_bfloat16* x, Grouping g) {
   await_previous_kernel();
-  __shared__ __align__(16) __nv_bfloat16 As[kRows][kPitch];
-  __shared__ __align__(16) __nv_bfloat16 Bs[kCols][kPitch];
+  extern __shared__ __align__(16) unsigned char smem[];
+  __nv_bfloat16* act = reinterpret_cast<__nv_bfloat16*>(smem);  // [kStages][kRows][kPitch]
+  uint8_t* raw = smem + kActBytes;                               // [kStages][kCols][kRawRow], chunks by chunk_at
+  uint32_t* scales = reinterpret_cast<uint32_t*>(raw + kRawBytes);  // [kStages][kCols]: a row's 4 E8M0 of a step
   __shared__ int64_t src_of[kRows], out_of[kRows];
   LinearView W;
   if (!tile_rows(p, g, kCols, src_of, out_of, W)) return;
-  const int64_t n0 = int64_t(blockIdx.x) * kCols, K = p.W.in, nb = K / 2, n_k128 = (K + 127) / 128;
+  const int64_t n0 = int64_t(blockIdx.x) * kCols, K = p.W.in, nb = K / 2, n_steps = (K + kStep - 1) / kStep;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int ra = tid / 4, pa = tid % 4, rb = tid / 2, hb = tid % 2;
-  const int64_t src = src_of[ra], n = n0 + rb;
-  const float* x_row = src >= 0 ? p.x + src * p.x_stride : nullptr;
-  const uint8_t* w_row = n < p.rows ? W.data + (p.row0 + n) * nb : nullptr;
 
-  auto load = [&](Staged& st, int64_t k0) {
-    if (x_row) {
-      st.x[0] = *reinterpret_cast<const float4*>(x_row + k0 + 8 * pa);
-      st.x[1] = *reinterpret_cast<const float4*>(x_row + k0 + 8 * pa + 4);
-      st.sx = sxs[src * n_k128 + k0 / 128];
-    } else {
-      st.x[0] = st.x[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f), st.sx = 0.0f;
+  // Thread tid copies chunk tid % 16 (8 bf16) of activation rows tid / 16 + 16j, chunk tid % 4 of
+  // weight rows tid / 4 + 64h, and the scales of weight row tid.
+  const int64_t n_own = n0 + tid;
+  const bool own_ok = n_own < p.rows, whole_words = W.scale_cols % 4 == 0;
+  const uint8_t* own_scales = scale_row<kFp4>(W, own_ok ? p.row0 + n_own : 0);
+  auto issue = [&](int64_t step) {
+    const int slot = int(step % kStages);
+    const int64_t k0 = step * kStep;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int r = tid / 16 + 16 * j, c = tid % 16;
+      const int64_t src = src_of[r], k = k0 + 8 * c;
+      const bool ok = src >= 0 && k < K;
+      copy_async_16(act + (slot * kRows + r) * kPitch + 8 * c, x + (ok ? src * K + k : 0), ok);
     }
-    if (w_row) {
-      st.w = *reinterpret_cast<const uint2*>(w_row + k0 / 2 + 8 * hb);
-      st.sw = block_scale<kFp4>(W, p.row0 + n, k0);
-    } else {
-      st.w = make_uint2(0u, 0u), st.sw = 0.0f;
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {
+      const int r = tid / 4 + 64 * h, c = tid % 4;
+      const int64_t n = n0 + r, k = k0 + kChunkCodes * c;
+      const bool ok = n < p.rows && k < K;
+      copy_async_16(raw + (slot * kCols + r) * kRawRow + 16 * chunk_at(r, c), W.data + (ok ? (p.row0 + n) * nb + k / 2 : 0),
+                    ok);
     }
   };
-  auto store = [&](const Staged& st) {
-    const float s = st.sx;
-    *reinterpret_cast<uint4*>(&As[ra][8 * pa]) =
-        make_uint4(bf16x2_bits(__floats2bfloat162_rn(st.x[0].x * s, st.x[0].y * s)),
-                   bf16x2_bits(__floats2bfloat162_rn(st.x[0].z * s, st.x[0].w * s)),
-                   bf16x2_bits(__floats2bfloat162_rn(st.x[1].x * s, st.x[1].y * s)),
-                   bf16x2_bits(__floats2bfloat162_rn(st.x[1].z * s, st.x[1].w * s)));
-    const __nv_bfloat162 scale = __float2bfloat162_rn(st.sw);
-    const uint2 q0 = e2m1x4_bf16(st.w.x), q1 = e2m1x4_bf16(st.w.x >> 16), q2 = e2m1x4_bf16(st.w.y),
-                q3 = e2m1x4_bf16(st.w.y >> 16);
-    uint4* dst = reinterpret_cast<uint4*>(&Bs[rb][16 * hb]);
-    dst[0] = make_uint4(scaled(q0.x, scale), scaled(q0.y, scale), scaled(q1.x, scale), scaled(q1.y, scale));
-    dst[1] = make_uint4(scaled(q2.x, scale), scaled(q2.y, scale), scaled(q3.x, scale), scaled(q3.y, scale));
+  auto scales_of = [&](int64_t step) {  // the 4 E8M0 bytes of row n_own's blocks in a step (0 past K)
+    const int64_t b0 = step * (kStep / kChunkCodes);
+    if (!own_ok) return 0u;
+    if (whole_words) return *reinterpret_cast<const uint32_t*>(own_scales + b0);
+    uint32_t v = 0;
+#pragma unroll
+    for (int b = 0; b < 4; ++b)
+      if (b0 + b < W.scale_cols) v |= uint32_t(own_scales[b0 + b]) << (8 * b);
+    return v;
   };
 
-  const int wm = warp / 4 * 32, wn = warp % 4 * 32;
-  const __nv_bfloat16* a_at = &As[wm + lane % 16][(lane / 16) * 8];
-  const __nv_bfloat16* b_at = &Bs[wn + lane % 8 + (lane / 16) * 8][(lane / 8) % 2 * 8];
-  float acc[2][4][4] = {};
-  Staged st;
-  load(st, 0);
-  for (int64_t k0 = 0; k0 < K; k0 += kStep) {
-    store(st);
-    __syncthreads();
-    if (k0 + kStep < K) load(st, k0 + kStep);
+  const int wn = warp * 32, fg = lane / 4, ft = lane % 4;
+  const uint32_t pick = uint32_t(ft) | uint32_t(ft + 4) << 4;  // byte ft of two words
+  const int a_off = (lane % 16) * kPitch + (lane / 16) * 8;
+  float acc[4][4][4] = {};  // [16-row tile][8-column tile][element of the mma's c]
 #pragma unroll
-    for (int kk = 0; kk < kStep; kk += 16) {
-      uint32_t a[2][4], b[2][4];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) load_matrices<false>(a[i], a_at + 16 * i * kPitch + kk);
-#pragma unroll
-      for (int j = 0; j < 2; ++j) load_matrices<false>(b[j], b_at + 16 * j * kPitch + kk);
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) mma_bf16(acc[i][j], a[i], b[j / 2][2 * (j % 2)], b[j / 2][2 * (j % 2) + 1]);
-    }
-    __syncthreads();
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < n_steps) issue(s), scales[s * kCols + tid] = scales_of(s);
+    commit_async_copies();  // (empty groups keep the count per step uniform)
   }
+  for (int64_t step = 0; step < n_steps; ++step) {
+    await_async_copies<kStages - 2>();  // this step's copies, this thread's
+    __syncthreads();  // everyone's; and every warp is done with the slot the step ahead takes
+    const int64_t ahead = step + kStages - 1;
+    if (ahead < n_steps) issue(ahead);
+    commit_async_copies();
+    const uint32_t ahead_scales = ahead < n_steps ? scales_of(ahead) : 0u;  // stored after the products
 
+    const int slot = int(step % kStages);
+    const __nv_bfloat16* A = act + slot * kRows * kPitch + a_off;
+    const uint8_t* Wr = raw + slot * kCols * kRawRow;
+    uint32_t sc[4];  // the scales of this lane's column in each 8-column tile
 #pragma unroll
-  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 4; ++j) sc[j] = scales[slot * kCols + wn + 8 * j + fg];
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int q = 0; q < kStep / kChunkCodes; ++q) {
+      uint32_t b[4][4];  // [8-column tile][b0, b1 of the first 16 codes, of the second]
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = wm + 16 * i + lane / 4 + (e >= 2 ? 8 : 0);
-        const int64_t m = out_of[row], col = n0 + wn + 8 * j + 2 * (lane % 4) + (e & 1);
-        if (m >= 0 && col < p.rows) p.y[m * p.y_stride + col] = round_bf16(acc[i][j][e]);
+      for (int j = 0; j < 4; ++j) {
+        const int r = wn + 8 * j + fg;
+        const uint4 w = *reinterpret_cast<const uint4*>(Wr + r * kRawRow + 16 * chunk_at(r, q));
+        // byte ft of each word: codes 2ft, 2ft + 1 of each 8 (the fragments' k pairs), in k order
+        const uint32_t bytes = __byte_perm(__byte_perm(w.x, w.y, pick), __byte_perm(w.z, w.w, pick), 0x5410u);
+        const __nv_bfloat162 s = e8m0_bf16x2((sc[j] >> (8 * q)) & 0xffu);
+        const uint2 lo = e2m1x4_bf16(bytes), hi = e2m1x4_bf16(bytes >> 16);
+        b[j][0] = scaled(lo.x, s), b[j][1] = scaled(lo.y, s), b[j][2] = scaled(hi.x, s), b[j][3] = scaled(hi.y, s);
       }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        uint32_t a[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) load_matrices<false>(a[i], A + 16 * i * kPitch + kChunkCodes * q + 16 * h);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) mma_bf16(acc[i][j], a[i], b[j][2 * h], b[j][2 * h + 1]);
+      }
+    }
+    if (ahead < n_steps) scales[int(ahead % kStages) * kCols + tid] = ahead_scales;
+  }
+  store_warp_tile(p, out_of, acc, 0, n0 + wn);
 }
 
 }  // namespace
 
 bool fits_tensor_core_experts(const GemmRequest& r) {
-  return r.table && r.W.format == kFp4 && r.W.in % kStep == 0;
+  return r.table && r.W.format == kFp4 && !r.W.scale_is_f32 && r.W.in % kChunkCodes == 0;
 }
 
-int64_t tensor_core_experts_scratch_ints(const GemmRequest& r) {
-  Grouping g;
-  return lay_out_grouping(r, nullptr, g);
-}
-
-void tensor_core_experts(const GemmRequest& r, const float* sx, int32_t* scratch, cudaStream_t stream) {
-  DSV4_CUDA_REQUIRE(fits_tensor_core_experts(r) && r.x_stride % 4 == 0, "tensor-core experts: K ", r.W.in,
-                    ", activation rows of ", r.x_stride);
+void CudaBackend::tensor_core_experts(const GemmRequest& r, const __nv_bfloat16* x, int32_t* scratch) {
+  DSV4_CUDA_REQUIRE(fits_tensor_core_experts(r), "tensor-core experts: K ", r.W.in, " is no multiple of 32");
   if (r.T == 0 || r.rows == 0) return;
   Grouping g{};
-  group_rows(r, scratch, g, stream);
+  group_rows(r, scratch, g, stream_);
   const dim3 grid{unsigned((r.rows + kCols - 1) / kCols), unsigned(row_tile_count(r))};
-  launch(experts_tc_kernel, grid, kThreads, 0, stream, r, sx, g);
+  allow_shared_memory(reinterpret_cast<const void*>(experts_tc_kernel), kSmemBytes, "tensor-core experts");
+  launch(experts_tc_kernel, grid, kThreads, kSmemBytes, stream_, r, x, g);
   DSV4_CUDA_LAUNCHED("linear (experts on the bf16 tensor cores)");
 }
 

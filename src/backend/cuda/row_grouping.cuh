@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "backend/cuda/cuda_backend.h"
+#include "core/formats.h"
 
 namespace dsv4::cuda {
 
@@ -69,6 +70,25 @@ __device__ inline bool tile_rows(const GemmRequest& p, const Grouping& g, int co
     if (out_of[r] >= 0 && n0 + c < p.rows) p.y[out_of[r] * p.y_stride + n0 + c] = 0.0f;
   }
   return false;
+}
+
+// A warp's 16·kM × 32 tile of a grouped kernel's output in the mma fragment layout (acc[i][j][e]:
+// row wm + 16i + lane/4 (+8 for e ≥ 2) of the block's, column col0 + 8j + 2·(lane%4) (+1 for odd
+// e)), rounded to bf16 into its rows' outputs, as the exact products' are.
+template <int kM>
+__device__ inline void store_warp_tile(const GemmRequest& p, const int64_t* out_of, const float (&acc)[kM][4][4],
+                                       int wm, int64_t col0) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int i = 0; i < kM; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t m = out_of[wm + 16 * i + lane / 4 + (e >= 2 ? 8 : 0)];
+        const int64_t col = col0 + 8 * j + 2 * (lane % 4) + (e & 1);
+        if (m >= 0 && col < p.rows) p.y[m * p.y_stride + col] = round_bf16(acc[i][j][e]);
+      }
 }
 
 }  // namespace dsv4::cuda
