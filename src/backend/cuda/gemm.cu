@@ -71,46 +71,76 @@ __host__ __device__ constexpr int chunk_elems(int format) {
   return format == kFp8 ? 16 : format == kFp4 ? 32 : format == kBf16 ? 8 : 4;
 }
 
-// Phase 1: ActQuantFP8 of each 128-block of each source row. Grid (rows, K blocks), 128 threads,
-// one element each; the block's amax by a block-wide fmax. The e4m3 values go to `out` in `form`
-// (QuantizedForm): as floats; as e4m3 bytes (the FP8 tensor cores' operand, deepseek-tc); for FP4
-// weights as the integers k = x · 2^9 in three byte planes per group of 4 (see the top;
-// plane_words per row, K padded with zeros to whole 32-tiles); or times their scales as bf16
-// (deepseek-tc's experts). The scales go to sx.
-__global__ void act_quant_kernel(const float* x, int64_t x_stride, int64_t K, QuantizedForm form, void* out,
-                                 int64_t plane_words, float* sx) {
+// Phase 1: ActQuantFP8 of each 128-block of each source row: one warp per block, 4 consecutive
+// elements per lane (one 16-byte load when the rows allow), the block's amax by a warp fmax; grid
+// (rows, K blocks / kQuantWarps). The e4m3 values go to `out` in `form` (QuantizedForm): as floats;
+// as e4m3 bytes (the FP8 tensor cores' operand, deepseek-tc); for FP4 weights as the integers
+// k = x · 2^9 in three byte planes per group of 4 (see the top; plane_words per row, K padded with
+// zeros to whole 32-tiles); or times their scales as bf16 (deepseek-tc's experts). The scales go
+// to sx: per row, [rows][K/128]; for the FP8 tensor cores per K block, [K/128][rows] (their layout).
+constexpr int kQuantWarps = 8;
+__global__ void act_quant_kernel(const float* x, int64_t x_stride, int64_t K, int64_t n_k128, QuantizedForm form,
+                                 void* out, int64_t plane_words, float* sx) {
   await_previous_kernel();
-  __shared__ float scratch[32];
-  const int64_t m = blockIdx.x, b = blockIdx.y, k = b * 128 + threadIdx.x;
-  const float v = k < K ? x[m * x_stride + k] : 0.0f;
-  const float amax = block_max(fabsf(v), scratch);
-  const int e = fp8_scale_exp(amax);
-  const bool codes = form == QuantizedForm::codes;
-  // The scales per row, [rows][K/128]; for the FP8 tensor cores per K block, [K/128][rows] (their layout).
-  if (threadIdx.x == 0) sx[codes ? b * gridDim.x + m : m * gridDim.y + b] = ldexpf(1.0f, e);
-  switch (form) {
-    case QuantizedForm::codes:  // the value is on the e4m3 grid: the conversion is exact
-      if (k < K)
-        static_cast<uint8_t*>(out)[m * K + k] = __nv_cvt_float_to_fp8(fp8_quantize(v, e), __NV_SATFINITE, __NV_E4M3);
-      return;
-    case QuantizedForm::values:
-      if (k < K) static_cast<float*>(out)[m * K + k] = fp8_quantize(v, e);
-      return;
-    case QuantizedForm::scaled_bf16:  // exact: an e4m3 value times a power of two
-      if (k < K) static_cast<__nv_bfloat16*>(out)[m * K + k] = __float2bfloat16_rn(ldexpf(fp8_quantize(v, e), e));
-      return;
-    case QuantizedForm::planes: break;
+  const int64_t m = blockIdx.x, b = int64_t(blockIdx.y) * kQuantWarps + threadIdx.x / 32;
+  if (b >= n_k128) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t k = b * 128 + 4 * lane;
+  const float* xr = x + m * x_stride;
+  float v[4];
+  if (k + 4 <= K && reinterpret_cast<uintptr_t>(xr + k) % 16 == 0) {
+    const float4 f = *reinterpret_cast<const float4*>(xr + k);
+    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v[e] = k + e < K ? xr[k + e] : 0.0f;
   }
-  const uint32_t q = uint32_t(int32_t(fp8_quantize(v, e) * 512.0f));  // exact (zero past K)
-  // The group's 4 values to its first thread (a group is 4 lanes of one warp).
-  const uint32_t q1 = __shfl_down_sync(kFullMask, q, 1), q2 = __shfl_down_sync(kFullMask, q, 2),
-                 q3 = __shfl_down_sync(kFullMask, q, 3);
-  const int64_t group = k / 4;
-  if (threadIdx.x % 4 != 0 || 3 * group >= plane_words) return;
-  uint32_t* planes = static_cast<uint32_t*>(out);
-  for (uint32_t p = 0; p < 3; ++p) {  // byte p of each value
-    const uint32_t pick = p | (4 + p) << 4;
-    planes[m * plane_words + 3 * group + p] = __byte_perm(__byte_perm(q, q1, pick), __byte_perm(q2, q3, pick), 0x5410);
+  const int e = fp8_scale_exp(warp_max(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])))));
+  float q[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) q[i] = fp8_quantize(v[i], e);  // zero past K
+  if (lane == 0) sx[form == QuantizedForm::codes ? b * gridDim.x + m : m * n_k128 + b] = ldexpf(1.0f, e);
+  const bool whole = k + 4 <= K && K % 4 == 0;  // the lane's 4 outputs one aligned store
+  switch (form) {
+    case QuantizedForm::codes: {  // each value is on the e4m3 grid: the conversions are exact
+      uint8_t* o = static_cast<uint8_t*>(out) + m * K + k;
+      uint32_t word = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) word |= uint32_t(__nv_cvt_float_to_fp8(q[i], __NV_SATFINITE, __NV_E4M3)) << (8 * i);
+      if (whole) *reinterpret_cast<uint32_t*>(o) = word;
+      else
+        for (int i = 0; i < 4 && k + i < K; ++i) o[i] = uint8_t(word >> (8 * i));
+      return;
+    }
+    case QuantizedForm::values: {
+      float* o = static_cast<float*>(out) + m * K + k;
+      if (whole) *reinterpret_cast<float4*>(o) = make_float4(q[0], q[1], q[2], q[3]);
+      else
+        for (int i = 0; i < 4 && k + i < K; ++i) o[i] = q[i];
+      return;
+    }
+    case QuantizedForm::scaled_bf16: {  // exact: an e4m3 value times a power of two
+      __nv_bfloat16* o = static_cast<__nv_bfloat16*>(out) + m * K + k;
+      if (whole)
+        *reinterpret_cast<uint2*>(o) = make_uint2(bf16x2_bits(ldexpf(q[0], e), ldexpf(q[1], e)),
+                                                  bf16x2_bits(ldexpf(q[2], e), ldexpf(q[3], e)));
+      else
+        for (int i = 0; i < 4 && k + i < K; ++i) o[i] = __float2bfloat16_rn(ldexpf(q[i], e));
+      return;
+    }
+    case QuantizedForm::planes: {  // the lane's 4 values are one group: byte p of each, in plane p
+      const int64_t group = k / 4;
+      if (3 * group >= plane_words) return;
+      uint32_t* planes = static_cast<uint32_t*>(out) + m * plane_words + 3 * group;
+      uint32_t ints[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) ints[i] = uint32_t(int32_t(q[i] * 512.0f));  // exact
+      for (uint32_t p = 0; p < 3; ++p) {
+        const uint32_t pick = p | (4 + p) << 4;
+        planes[p] = __byte_perm(__byte_perm(ints[0], ints[1], pick), __byte_perm(ints[2], ints[3], pick), 0x5410);
+      }
+      return;
+    }
   }
 }
 
@@ -605,8 +635,8 @@ void CudaBackend::gemm(const GemmRequest& r) {
   const bool reuse = tiled && r.x_as_before && quantized == quantized_x_;
   quantized_x_ = quantized;  // a GEMM without quantization may overwrite the scratch (K parts)
   if (tiled && !reuse) {
-    launch(act_quant_kernel, dim3(unsigned(n_src), unsigned(n_k128)), 128, 0, stream_, r.x, r.x_stride, K, form,
-           static_cast<void*>(scratch), plane_words, scratch + n_qx);
+    launch(act_quant_kernel, dim3(unsigned(n_src), unsigned((n_k128 + kQuantWarps - 1) / kQuantWarps)), kQuantWarps * 32,
+           0, stream_, r.x, r.x_stride, K, n_k128, form, static_cast<void*>(scratch), plane_words, scratch + n_qx);
     DSV4_CUDA_LAUNCHED("linear (activation quantization)");
   }
   if (tensor_cores) {

@@ -45,24 +45,23 @@ __global__ void weight_scales_kernel(LinearView W, int64_t l4, int64_t n, float*
 }
 
 // The bf16 operands of a bf16 product: rows [row0, row0 + rows) of W dequantized (w: [rows, K])
-// and the T rows of x (xb: [T, K]), whose values are bf16 already.
+// and the T rows of x (xb: [T, K]), whose values are bf16 already. Block i takes row i of both
+// (grid max(rows, T)), its threads the row's elements.
 __global__ void bf16_operands_kernel(LinearView W, int64_t row0, int64_t rows, const float* x, int64_t x_stride,
                                      int64_t T, uint16_t* w, uint16_t* xb) {
   await_previous_kernel();
-  const int64_t K = W.in, n = (rows > T ? rows : T) * K;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    if (i < rows * K) w[i] = f32_to_bf16(dequantized(W, row0 + i / K, i % K));
-    if (i < T * K) xb[i] = f32_to_bf16(x[i / K * x_stride + i % K]);
+  const int64_t i = blockIdx.x, K = W.in;
+  for (int64_t k = threadIdx.x; k < K; k += blockDim.x) {
+    if (i < rows) w[i * K + k] = f32_to_bf16(dequantized(W, row0 + i, k));
+    if (i < T) xb[i * K + k] = f32_to_bf16(x[i * x_stride + k]);
   }
 }
 
-// y[t, 0 : rows) = bf16(y[t, 0 : rows)) for t < T, rows of y_stride.
-__global__ void round_rows_bf16_kernel(float* y, int64_t y_stride, int64_t rows, int64_t T) {
+// y[t, 0 : rows) = bf16(y[t, 0 : rows)) for t < T, rows of y_stride: block t takes row t.
+__global__ void round_rows_bf16_kernel(float* y, int64_t y_stride, int64_t rows) {
   await_previous_kernel();
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < rows * T; i += int64_t(gridDim.x) * blockDim.x) {
-    float& v = y[i / rows * y_stride + i % rows];
-    v = round_bf16(v);
-  }
+  float* row = y + int64_t(blockIdx.x) * y_stride;
+  for (int64_t c = threadIdx.x; c < rows; c += blockDim.x) row[c] = round_bf16(row[c]);
 }
 
 }  // namespace
@@ -158,7 +157,7 @@ void TensorCoreGemm::multiply(const GemmRequest& r, const Plan& p, const void* w
   check_lt(cublasLtMatmul(handle_, p.desc, &one, w, p.a, x, p.b, &zero, r.y, p.d, r.y, p.d, &p.algo, workspace_,
                           kWorkspaceBytes, stream),
            "cublasLtMatmul");
-  launch(round_rows_bf16_kernel, grid_for(r.rows * r.T, 256), 256, 0, stream, r.y, r.y_stride, r.rows, r.T);
+  launch(round_rows_bf16_kernel, unsigned(r.T), 256, 0, stream, r.y, r.y_stride, r.rows);
   DSV4_CUDA_LAUNCHED("linear (tensor cores: bf16 rounding)");
 }
 
@@ -184,8 +183,8 @@ void TensorCoreGemm::run_bf16(const GemmRequest& r, cudaStream_t stream) {
   const size_t w_elems = copy_w ? size_t(r.rows * K + 7) / 8 * 8 : 0;  // x stays 16-byte aligned
   auto* scratch = static_cast<uint16_t*>(bf16_operands_.get(stream, (w_elems + size_t(r.T * K)) * sizeof(uint16_t)));
   const int64_t w_rows = copy_w ? r.rows : 0;
-  launch(bf16_operands_kernel, grid_for(std::max(w_rows, r.T) * K, 256), 256, 0, stream, W, r.row0, w_rows, r.x,
-         r.x_stride, r.T, scratch, scratch + w_elems);
+  launch(bf16_operands_kernel, unsigned(std::max(w_rows, r.T)), 256, 0, stream, W, r.row0, w_rows, r.x, r.x_stride,
+         r.T, scratch, scratch + w_elems);
   DSV4_CUDA_LAUNCHED("linear (tensor cores: bf16 operands)");
   const void* w = copy_w ? static_cast<const void*>(scratch) : static_cast<const void*>(W.data + r.row0 * K * 2);
   multiply(r, p, w, scratch + w_elems, stream);
