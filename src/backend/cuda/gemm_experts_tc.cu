@@ -9,7 +9,8 @@
 // (mma.m16n8k16) where the exact path folds each 32-block's exact integer sum into fp32 in K order.
 //
 // K steps of 128. A step's activations (bf16), raw weight bytes and weight scales reach shared
-// memory kStages − 1 steps ahead (cp.async; the scales through a register), one barrier per step.
+// memory kStages − 1 steps ahead (cp.async; the scales through a register, as bf16, converted once
+// per row instead of once per lane that reads them), one barrier per step.
 // Each warp takes all 64 rows against 32 output rows and turns its own weights into mma operands
 // in registers: a lane reads its column's 16-byte chunk (32 codes, one scale block), picks the 4
 // bytes its fragments hold, and makes each code a bf16 from byte tables (its high and low bytes by
@@ -34,8 +35,8 @@ constexpr int kPitch = kStep + 8;    // bf16 per staged activation row (272 B): 
 constexpr int kRawRow = kStep / 2;   // bytes of a weight row per step: 4 chunks of 32 codes, one scale block each
 constexpr int kChunkCodes = 32;
 constexpr size_t kActBytes = size_t(kStages) * kRows * kPitch * 2, kRawBytes = size_t(kStages) * kCols * kRawRow,
-                 kScaleBytes = size_t(kStages) * kCols * 4;
-constexpr size_t kSmemBytes = kActBytes + kRawBytes + kScaleBytes;  // 104 448: two blocks per SM
+                 kScaleBytes = size_t(kStages) * kCols * 8;
+constexpr size_t kSmemBytes = kActBytes + kRawBytes + kScaleBytes;  // 107 520: two blocks per SM
 
 // Where chunk c of weight row r sits in its 64 bytes: the 8 rows a warp's lanes read at once
 // (one chunk each) land on distinct banks.
@@ -53,12 +54,8 @@ __device__ inline uint2 e2m1x4_bf16(uint32_t n) {
   return make_uint2(__byte_perm(lo, hi, 0x5140u), __byte_perm(lo, hi, 0x7362u));
 }
 
-// An E8M0 scale as two bf16 (exact: 2^-127 is a bf16 subnormal; 255 is NaN, as e8m0_to_f32 has it).
-__device__ __forceinline__ __nv_bfloat162 e8m0_bf16x2(uint32_t e) {
-  const uint32_t bits = e == 255 ? 0x7FC0u : e ? e << 7 : 0x0040u;
-  const uint32_t pair = bits | bits << 16;
-  return *reinterpret_cast<const __nv_bfloat162*>(&pair);
-}
+// An E8M0 scale as a bf16 (exact: 2^-127 is a bf16 subnormal; 255 is NaN, as e8m0_to_f32 has it).
+__device__ __forceinline__ uint32_t e8m0_bf16(uint32_t e) { return e == 255 ? 0x7FC0u : e ? e << 7 : 0x0040u; }
 
 __device__ __forceinline__ uint32_t scaled(uint32_t pair, __nv_bfloat162 scale) {  // exact: a power of two
   return bf16x2_bits(__hmul2(*reinterpret_cast<const __nv_bfloat162*>(&pair), scale));
@@ -70,7 +67,7 @@ __global__ void __launch_bounds__(kThreads, 2) experts_tc_kernel(GemmRequest p, 
   extern __shared__ __align__(16) unsigned char smem[];
   __nv_bfloat16* act = reinterpret_cast<__nv_bfloat16*>(smem);  // [kStages][kRows][kPitch]
   uint8_t* raw = smem + kActBytes;                               // [kStages][kCols][kRawRow], chunks by chunk_at
-  uint32_t* scales = reinterpret_cast<uint32_t*>(raw + kRawBytes);  // [kStages][kCols]: a row's 4 E8M0 of a step
+  uint2* scales = reinterpret_cast<uint2*>(raw + kRawBytes);  // [kStages][kCols]: a row's 4 scales of a step, bf16
   __shared__ int64_t src_of[kRows], out_of[kRows];
   LinearView W;
   if (!tile_rows(p, g, kCols, src_of, out_of, W)) return;
@@ -101,7 +98,7 @@ __global__ void __launch_bounds__(kThreads, 2) experts_tc_kernel(GemmRequest p, 
                     ok);
     }
   };
-  auto scales_of = [&](int64_t step) {  // the 4 E8M0 bytes of row n_own's blocks in a step (0 past K)
+  auto scales_of = [&](int64_t step) {  // the E8M0 bytes of row n_own's 4 blocks in a step (0 past K)
     const int64_t b0 = step * (kStep / kChunkCodes);
     if (!own_ok) return 0u;
     if (whole_words) return *reinterpret_cast<const uint32_t*>(own_scales + b0);
@@ -111,6 +108,10 @@ __global__ void __launch_bounds__(kThreads, 2) experts_tc_kernel(GemmRequest p, 
       if (b0 + b < W.scale_cols) v |= uint32_t(own_scales[b0 + b]) << (8 * b);
     return v;
   };
+  auto as_bf16 = [](uint32_t e8m0x4) {
+    return make_uint2(e8m0_bf16(e8m0x4 & 0xffu) | e8m0_bf16((e8m0x4 >> 8) & 0xffu) << 16,
+                      e8m0_bf16((e8m0x4 >> 16) & 0xffu) | e8m0_bf16(e8m0x4 >> 24) << 16);
+  };
 
   const int wn = warp * 32, fg = lane / 4, ft = lane % 4;
   const uint32_t pick = uint32_t(ft) | uint32_t(ft + 4) << 4;  // byte ft of two words
@@ -118,7 +119,7 @@ __global__ void __launch_bounds__(kThreads, 2) experts_tc_kernel(GemmRequest p, 
   float acc[4][4][4] = {};  // [16-row tile][8-column tile][element of the mma's c]
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < n_steps) issue(s), scales[s * kCols + tid] = scales_of(s);
+    if (s < n_steps) issue(s), scales[s * kCols + tid] = as_bf16(scales_of(s));
     commit_async_copies();  // (empty groups keep the count per step uniform)
   }
   for (int64_t step = 0; step < n_steps; ++step) {
@@ -132,11 +133,13 @@ __global__ void __launch_bounds__(kThreads, 2) experts_tc_kernel(GemmRequest p, 
     const int slot = int(step % kStages);
     const __nv_bfloat16* A = act + slot * kRows * kPitch + a_off;
     const uint8_t* Wr = raw + slot * kCols * kRawRow;
-    uint32_t sc[4];  // the scales of this lane's column in each 8-column tile
-#pragma unroll
-    for (int j = 0; j < 4; ++j) sc[j] = scales[slot * kCols + wn + 8 * j + fg];
+    const uint32_t* S = reinterpret_cast<const uint32_t*>(scales + slot * kCols + wn + fg);
+    uint32_t sc[4];  // the scales of this lane's column in each 8-column tile: two blocks' bf16
 #pragma unroll
     for (int q = 0; q < kStep / kChunkCodes; ++q) {
+      if (q % 2 == 0)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) sc[j] = S[2 * 8 * j + q / 2];
       uint32_t b[4][4];  // [8-column tile][b0, b1 of the first 16 codes, of the second]
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -144,7 +147,8 @@ __global__ void __launch_bounds__(kThreads, 2) experts_tc_kernel(GemmRequest p, 
         const uint4 w = *reinterpret_cast<const uint4*>(Wr + r * kRawRow + 16 * chunk_at(r, q));
         // byte ft of each word: codes 2ft, 2ft + 1 of each 8 (the fragments' k pairs), in k order
         const uint32_t bytes = __byte_perm(__byte_perm(w.x, w.y, pick), __byte_perm(w.z, w.w, pick), 0x5410u);
-        const __nv_bfloat162 s = e8m0_bf16x2((sc[j] >> (8 * q)) & 0xffu);
+        const uint32_t pair = __byte_perm(sc[j], 0, q % 2 ? 0x3232u : 0x1010u);  // the block's bf16, twice
+        const __nv_bfloat162 s = *reinterpret_cast<const __nv_bfloat162*>(&pair);
         const uint2 lo = e2m1x4_bf16(bytes), hi = e2m1x4_bf16(bytes >> 16);
         b[j][0] = scaled(lo.x, s), b[j][1] = scaled(lo.y, s), b[j][2] = scaled(hi.x, s), b[j][3] = scaled(hi.y, s);
       }
@@ -159,7 +163,7 @@ __global__ void __launch_bounds__(kThreads, 2) experts_tc_kernel(GemmRequest p, 
           for (int j = 0; j < 4; ++j) mma_bf16(acc[i][j], a[i], b[j][2 * h], b[j][2 * h + 1]);
       }
     }
-    if (ahead < n_steps) scales[int(ahead % kStages) * kCols + tid] = ahead_scales;
+    if (ahead < n_steps) scales[int(ahead % kStages) * kCols + tid] = as_bf16(ahead_scales);
   }
   store_warp_tile(p, out_of, acc, 0, n0 + wn);
 }
