@@ -77,6 +77,7 @@ __global__ void __launch_bounds__(kThreads, 2) experts_tc_kernel(GemmRequest p, 
   // Thread tid copies chunk tid % 16 (8 bf16) of activation rows tid / 16 + 16j, chunk tid % 4 of
   // weight rows tid / 4 + 64h, and the scales of weight row tid.
   const int64_t n_own = n0 + tid;
+  // Scale rows of whole words are read a word per step (device scales start 256-byte aligned).
   const bool own_ok = n_own < p.rows, whole_words = W.scale_cols % 4 == 0;
   const uint8_t* own_scales = scale_row<kFp4>(W, own_ok ? p.row0 + n_own : 0);
   auto issue = [&](int64_t step) {
