@@ -1,7 +1,7 @@
 // Copies from global to shared memory that pass through no register (cp.async, sm_80 on), in
 // groups a thread commits and then waits for, all but its newest few. Used by the decode GEMV's
-// weight ring (gemm.cu), the integer tensor-core GEMM's plane staging (gemm_dmma.cu) and
-// deepseek-tc's attention rows (attention_tc.cu).
+// weight ring (gemm.cu), the integer tensor-core GEMM's plane staging (gemm_dmma.cu), and
+// deepseek-tc's attention rows (attention_tc.cu) and experts' operands (gemm_experts_tc.cu).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -592,8 +592,9 @@ void CudaBackend::gemm(const GemmRequest& r) {
   const bool round_out = deepseek() && r.compute != Compute::f32;
   const int64_t n_src = (r.T + r.x_div - 1) / r.x_div, n_k128 = (K + 127) / 128;
   // One scratch buffer, in parts that are live together: the quantized activations, their scales
-  // and the FP64 path's grouping of rows by expert (int32, as wide as a float).
-  // FP4 weights read the activations as integer byte planes (see the top), on either kernel.
+  // (written in every form; the bf16 one has them folded in) and the grouping of rows by expert of
+  // the tensor-core kernels (int32, as wide as a float). FP4 weights on the exact paths read the
+  // activations as integer byte planes (see the top), on either kernel.
   const bool planes = tiled && W.format == kFp4 && !tc_experts;
   const QuantizedForm form = planes         ? QuantizedForm::planes
                              : tensor_cores ? QuantizedForm::codes

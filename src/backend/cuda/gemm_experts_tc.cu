@@ -37,6 +37,9 @@ constexpr int kChunkCodes = 32;
 constexpr size_t kActBytes = size_t(kStages) * kRows * kPitch * 2, kRawBytes = size_t(kStages) * kCols * kRawRow,
                  kScaleBytes = size_t(kStages) * kCols * 8;
 constexpr size_t kSmemBytes = kActBytes + kRawBytes + kScaleBytes;  // 107 520: two blocks per SM
+// The copies' shares (see the kernel): a thread per weight row, 4 chunks of a step per
+// activation row's 16, a step's 4 scale blocks in one word of E8M0 bytes (two of bf16).
+static_assert(kThreads == kCols && kRows * 16 == 4 * kThreads && kStep == 4 * kChunkCodes);
 
 // Where chunk c of weight row r sits in its 64 bytes: the 8 rows a warp's lanes read at once
 // (one chunk each) land on distinct banks.
@@ -99,7 +102,7 @@ __global__ void __launch_bounds__(kThreads, 2) experts_tc_kernel(GemmRequest p, 
                     ok);
     }
   };
-  auto scales_of = [&](int64_t step) {  // the E8M0 bytes of row n_own's 4 blocks in a step (0 past K)
+  auto scales_of = [&](int64_t step) {  // the E8M0 bytes of row n_own's 4 blocks in a step (byte 0 past K)
     const int64_t b0 = step * (kStep / kChunkCodes);
     if (!own_ok) return 0u;
     if (whole_words) return *reinterpret_cast<const uint32_t*>(own_scales + b0);
@@ -176,7 +179,8 @@ bool fits_tensor_core_experts(const GemmRequest& r) {
 }
 
 void CudaBackend::tensor_core_experts(const GemmRequest& r, const __nv_bfloat16* x, int32_t* scratch) {
-  DSV4_CUDA_REQUIRE(fits_tensor_core_experts(r), "tensor-core experts: K ", r.W.in, " is no multiple of 32");
+  DSV4_CUDA_REQUIRE(fits_tensor_core_experts(r), "tensor-core experts: K ", r.W.in,
+                    " must be a multiple of 32 and the scales E8M0");
   if (r.T == 0 || r.rows == 0) return;
   Grouping g{};
   group_rows(r, scratch, g, stream_);

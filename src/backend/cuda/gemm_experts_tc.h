@@ -7,7 +7,8 @@
 
 namespace dsv4::cuda {
 
-// Whether r (a table of FP4 experts, quantized compute) fits the kernel: K whole FP4 blocks.
+// Whether r (a table of FP4 experts, quantized compute) fits the kernel: K whole FP4 blocks, E8M0
+// scales.
 bool fits_tensor_core_experts(const GemmRequest& r);
 
 }  // namespace dsv4::cuda
