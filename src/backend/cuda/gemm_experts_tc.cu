@@ -57,9 +57,6 @@ __device__ inline uint2 e2m1x4_bf16(uint32_t n) {
   return make_uint2(__byte_perm(lo, hi, 0x5140u), __byte_perm(lo, hi, 0x7362u));
 }
 
-// An E8M0 scale as a bf16 (exact: 2^-127 is a bf16 subnormal; 255 is NaN, as e8m0_to_f32 has it).
-__device__ __forceinline__ uint32_t e8m0_bf16(uint32_t e) { return e == 255 ? 0x7FC0u : e ? e << 7 : 0x0040u; }
-
 __device__ __forceinline__ uint32_t scaled(uint32_t pair, __nv_bfloat162 scale) {  // exact: a power of two
   return bf16x2_bits(__hmul2(*reinterpret_cast<const __nv_bfloat162*>(&pair), scale));
 }
@@ -112,9 +109,11 @@ __global__ void __launch_bounds__(kThreads, 2) experts_tc_kernel(GemmRequest p, 
       if (b0 + b < W.scale_cols) v |= uint32_t(own_scales[b0 + b]) << (8 * b);
     return v;
   };
-  auto as_bf16 = [](uint32_t e8m0x4) {
-    return make_uint2(e8m0_bf16(e8m0x4 & 0xffu) | e8m0_bf16((e8m0x4 >> 8) & 0xffu) << 16,
-                      e8m0_bf16((e8m0x4 >> 16) & 0xffu) | e8m0_bf16(e8m0x4 >> 24) << 16);
+  auto as_bf16 = [](uint32_t e8m0x4) {  // exact: a power of two, 2^-127 a bf16 subnormal
+    uint32_t bf16[4];
+#pragma unroll
+    for (int b = 0; b < 4; ++b) bf16[b] = f32_to_bf16(e8m0_to_f32(uint8_t(e8m0x4 >> (8 * b))));
+    return make_uint2(bf16[0] | bf16[1] << 16, bf16[2] | bf16[3] << 16);
   };
 
   const int wn = warp * 32, fg = lane / 4, ft = lane % 4;
