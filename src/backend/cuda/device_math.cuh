@@ -124,6 +124,14 @@ __device__ __forceinline__ void mma_i8(int (&c)[4], const uint32_t (&a)[4], uint
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
 }
 
+// c += a·b: mma_i8 with b and a signed, accumulating into c (exact while the sums fit int32).
+__device__ __forceinline__ void mma_i8_add(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+               "{%0, %1, %2, %3};"
+               : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // c += a·b, one 16 × 8 × 16 step of a warp on the bf16 tensor cores (mma.m16n8k16, fp32
 // accumulation): deepseek-tc's attention. With g = lane / 4 and i = lane % 4, a lane holds a = two
 // bf16 of A[g][2i..], A[g+8][2i..], A[g][8+2i..], A[g+8][8+2i..], b0 = B[2i..2i+1][g],

@@ -98,6 +98,7 @@ constexpr int kFp4MaxBlocks = kFp4MaxDim / RowFormat::kFp4Block;
 constexpr int kFp4Warps = 4;
 constexpr int kFp4TilesPerWarp = 2;           // 16-key tiles: each query fragment serves two key tiles
 constexpr int kFp4KeysPerBlock = 16 * kFp4TilesPerWarp * kFp4Warps;
+constexpr int kFp4QueriesPerBlock = 8;        // queries a block's keys, held in registers, serve in turn
 constexpr int kFp4Threads = 32 * kFp4Warps;
 // Int8 words (4 codes) per staged row of queries or keys: the 8 rows × 4 lanes of a fragment load
 // fall on distinct banks with a stride of 4 (mod 32) words.
@@ -115,25 +116,46 @@ __device__ inline double int_to_double(int i) {
 // reference's f32_to_bf16 except in a NaN's payload; a NaN dot becomes 0 at the ReLU either way.
 __device__ inline uint16_t bf16_bits(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
 
-// Rows of FP4 codes (f) into shared memory as int8 words and exponents: row r is src + r·f.stride,
-// present when r < n_present (else zeros); rows are padded to kFp4WordStride words, blocks past
-// the row's width left zero.
+// A row's blocks whose exponents lie within kMaxFold of the row's least are folded: block b's codes
+// are staged times 2^(e_b − e_min) (|12 · 2^3| fits int8) and every block takes e_min, so one int32
+// sum over the whole row, times 2^(e_min,q + e_min,k − 2), is the dot exactly (the codes' products
+// sum to at most 128 · 96² < 2^31). Rows of a wider spread keep their codes and exponents.
+constexpr int kMaxFold = 3;
+
+// Block b's staged exponent (first) and its codes' shift (second) in a row whose `blocks` E8M0
+// exponents are `scales`; blocks past the row's width take e_min when the row is folded (their codes
+// are zero), so a folded row's staged exponents are all equal.
+__device__ inline int2 staged_exponent(const uint8_t* scales, int blocks, int b) {
+  int lo = 1 << 30, hi = -(1 << 30);
+  for (int j = 0; j < blocks; ++j) lo = min(lo, int(scales[j])), hi = max(hi, int(scales[j]));
+  const int e = b < blocks ? int(scales[b]) : lo;
+  return hi - lo <= kMaxFold ? make_int2(lo - 127, e - lo) : make_int2(b < blocks ? e - 127 : 0, 0);
+}
+
+// Rows of FP4 codes (f) into shared memory as int8 words and exponents, folded where kMaxFold allows:
+// row r is src + r·f.stride, present when r < n_present (else zeros, exponents 0); rows are padded
+// to kFp4WordStride words, blocks past the row's width left zero.
 __device__ inline void stage_fp4_rows(const float* src, RowFormat f, int rows, int n_present, uint32_t* words,
                                       int* exps) {
-  constexpr int kHalfWords = kFp4MaxDim / 8;  // 8 codes each
+  constexpr int kHalfWords = kFp4MaxDim / 8;  // 8 codes each; 4 per 32-block
   const int half_words = f.width / 8, blocks = f.width / RowFormat::kFp4Block;
   for (int i = threadIdx.x; i < rows * kHalfWords; i += blockDim.x) {
-    const int r = i / kHalfWords, j = i % kHalfWords;
-    const uint32_t nibbles =
-        r < n_present && j < half_words ? reinterpret_cast<const uint32_t*>(src + int64_t(r) * f.stride)[j] : 0u;
-    fp4_to_int8x8(nibbles, words[r * kFp4WordStride + 2 * j], words[r * kFp4WordStride + 2 * j + 1]);
+    const int r = i / kHalfWords, j = i % kHalfWords, b = j / 4;
+    const float* row = src + int64_t(r) * f.stride;
+    const int2 e = r < n_present ? staged_exponent(reinterpret_cast<const uint8_t*>(row) + f.scale_offset(), blocks, b)
+                                 : make_int2(0, 0);
+    const uint32_t nibbles = r < n_present && j < half_words ? reinterpret_cast<const uint32_t*>(row)[j] : 0u;
+    fp4_to_int8x8(nibbles, words[r * kFp4WordStride + 2 * j], words[r * kFp4WordStride + 2 * j + 1], e.y);
+    if (j % 4 == 0) exps[r * kFp4MaxBlocks + b] = e.x;
   }
-  for (int i = threadIdx.x; i < rows * kFp4MaxBlocks; i += blockDim.x) {
-    const int r = i / kFp4MaxBlocks, b = i % kFp4MaxBlocks;
-    exps[i] = r < n_present && b < blocks
-                  ? int(reinterpret_cast<const uint8_t*>(src + int64_t(r) * f.stride)[f.scale_offset() + b]) - 127
-                  : 0;
-  }
+}
+
+// Whether a staged row's exponents are all equal: folded, or one exponent throughout.
+__device__ inline bool one_exponent(const int* exps) {
+  bool same = true;
+#pragma unroll
+  for (int b = 1; b < kFp4MaxBlocks; ++b) same &= exps[b] == exps[0];
+  return same;
 }
 
 // The query's words, exponents and weights, then the keys' words and exponents, whose space the
@@ -145,15 +167,18 @@ size_t fp4_scores_smem(int64_t heads) {
   return size_t(padded_heads * (kFp4WordStride + kFp4MaxBlocks + 1)) * 4 + std::max(keys, terms);
 }
 
-// score[t, w] for one query t (blockIdx.x) and kFp4KeysPerBlock keys from blockIdx.y.
+// score[t, w] for kFp4QueriesPerBlock queries t from blockIdx.x, in turn, and kFp4KeysPerBlock keys w
+// from blockIdx.y, staged once and held in registers (a block per query staged them for each).
 // qc: the queries packed as FP4 rows (key format f), [T, heads]. Each warp multiplies its two
-// 16-key tiles by every 8 heads one block at a time, folds the block sums into double dots as the
-// scalar path did (dot += sum · 2^(e_q + e_k − 2), blocks in order; the product is exact, so one
-// fused multiply-add rounds as the separate add did), and leaves each head's bf16 term in shared
-// memory; then a thread per key adds its terms in head order.
+// 16-key tiles by every 8 heads. When every row it meets has one staged exponent (folded: see
+// kMaxFold) the blocks' products add up in the tensor cores' int32 sum, and the dot is that sum
+// times 2^(e_q + e_k − 2); otherwise one block at a time, folding the block sums into double dots as
+// the scalar path did (dot += sum · 2^(e_q + e_k − 2), blocks in order; the product is exact, so one
+// fused multiply-add rounds as the separate add did). Both are the exact dot. Each head's bf16 term
+// goes to shared memory; then a thread per key adds its terms in head order.
 __global__ void __launch_bounds__(kFp4Threads)
-    indexer_scores_fp4_kernel(const float* qc, const float* wts, int heads, RowFormat f, const float* keys,
-                              int64_t n_keys, int64_t ratio, int64_t p0, float* score) {
+    indexer_scores_fp4_kernel(const float* qc, const float* wts, int64_t n_queries, int heads, RowFormat f,
+                              const float* keys, int64_t n_keys, int64_t ratio, int64_t p0, float* score) {
   await_previous_kernel();
   extern __shared__ uint32_t fp4_smem[];
   const int head_tiles = (heads + 7) / 8, blocks = f.width / RowFormat::kFp4Block;
@@ -163,23 +188,25 @@ __global__ void __launch_bounds__(kFp4Threads)
   uint32_t* k_words = reinterpret_cast<uint32_t*>(q_wts + 8 * head_tiles);     // [keys][stride]
   int* k_exp = reinterpret_cast<int*>(k_words + kFp4KeysPerBlock * kFp4WordStride);  // [keys][4]
   uint16_t* terms = reinterpret_cast<uint16_t*>(k_words);  // [heads][kFp4TermStride], once the keys are read
-  const int64_t t = blockIdx.x, w0 = int64_t(blockIdx.y) * kFp4KeysPerBlock;
-  const int64_t visible = visible_keys(t, p0, ratio, n_keys);
-  if (w0 >= visible) return;
-  const int n_here = int(visible - w0 < kFp4KeysPerBlock ? visible - w0 : kFp4KeysPerBlock);
-  stage_fp4_rows(qc + t * heads * f.stride, f, 8 * head_tiles, heads, q_words, q_exp);
-  stage_fp4_rows(keys + w0 * f.stride, f, kFp4KeysPerBlock, n_here, k_words, k_exp);
-  for (int h = threadIdx.x; h < 8 * head_tiles; h += blockDim.x) q_wts[h] = h < heads ? wts[t * heads + h] : 0.0f;
+  const int64_t t0 = int64_t(blockIdx.x) * kFp4QueriesPerBlock, w0 = int64_t(blockIdx.y) * kFp4KeysPerBlock;
+  const int64_t t_end = t0 + kFp4QueriesPerBlock < n_queries ? t0 + kFp4QueriesPerBlock : n_queries;
+  const int64_t visible_last = visible_keys(t_end - 1, p0, ratio, n_keys);  // visibility grows with t
+  if (w0 >= visible_last) return;
+  stage_fp4_rows(keys + w0 * f.stride, f, kFp4KeysPerBlock,
+                 int(visible_last - w0 < kFp4KeysPerBlock ? visible_last - w0 : kFp4KeysPerBlock), k_words, k_exp);
   __syncthreads();
 
   const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, i = threadIdx.x % 4;
   int row[kFp4TilesPerWarp][2];  // this lane's keys in the block: rows g and g + 8 of each tile
   uint32_t a[kFp4TilesPerWarp][kFp4MaxBlocks][4];
   uint32_t k_high[kFp4TilesPerWarp][2][kFp4MaxBlocks];  // 2^(e_k − 2)'s high word, to add e_q to
+  bool keys_single = true;  // this lane's keys each with one staged exponent
 #pragma unroll
   for (int tile = 0; tile < kFp4TilesPerWarp; ++tile) {
     row[tile][0] = 16 * (kFp4TilesPerWarp * warp + tile) + g;
     row[tile][1] = row[tile][0] + 8;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) keys_single &= one_exponent(k_exp + row[tile][r] * kFp4MaxBlocks);
 #pragma unroll
     for (int b = 0; b < kFp4MaxBlocks; ++b) {
 #pragma unroll
@@ -190,48 +217,82 @@ __global__ void __launch_bounds__(kFp4Threads)
       }
     }
   }
-  __syncthreads();  // every warp holds its keys: their shared memory takes the terms
-  for (int nt = 0; nt < head_tiles; ++nt) {
-    const int b_head = 8 * nt + g, c_head = 8 * nt + 2 * i;  // this lane's column of b; of c
-    double dot[kFp4TilesPerWarp][4] = {};                    // (row r, head c_head + j) at 2r + j
+  for (int64_t t = t0; t < t_end; ++t) {
+    const int64_t visible = visible_keys(t, p0, ratio, n_keys);
+    if (w0 >= visible) continue;  // (uniform over the block)
+    const int n_here = int(visible - w0 < kFp4KeysPerBlock ? visible - w0 : kFp4KeysPerBlock);
+    __syncthreads();  // the last query's head sums are done; the first's: every warp holds its keys
+    stage_fp4_rows(qc + t * heads * f.stride, f, 8 * head_tiles, heads, q_words, q_exp);
+    for (int h = threadIdx.x; h < 8 * head_tiles; h += blockDim.x) q_wts[h] = h < heads ? wts[t * heads + h] : 0.0f;
+    __syncthreads();
+    // Every row this warp multiplies with one exponent: each dot is one int32 sum over all blocks.
+    bool single = keys_single;
+    for (int h = threadIdx.x % 32; h < 8 * head_tiles; h += 32) single &= one_exponent(q_exp + h * kFp4MaxBlocks);
+    single = __all_sync(kFullMask, single);
+    for (int nt = 0; nt < head_tiles; ++nt) {
+      const int b_head = 8 * nt + g, c_head = 8 * nt + 2 * i;  // this lane's column of b; of c
+      double dot[kFp4TilesPerWarp][4] = {};                    // (row r, head c_head + j) at 2r + j
+      if (single) {
+        int c[kFp4TilesPerWarp][4] = {};
 #pragma unroll
-    for (int b = 0; b < kFp4MaxBlocks; ++b) {
-      if (b >= blocks) break;
-      const uint32_t b0 = q_words[b_head * kFp4WordStride + 8 * b + i],
-                     b1 = q_words[b_head * kFp4WordStride + 8 * b + 4 + i];
-      const uint32_t q_high[2] = {pow2_high(q_exp[c_head * kFp4MaxBlocks + b], 0),
-                                  pow2_high(q_exp[(c_head + 1) * kFp4MaxBlocks + b], 0)};
+        for (int b = 0; b < kFp4MaxBlocks; ++b) {
+          if (b >= blocks) break;
+          const uint32_t b0 = q_words[b_head * kFp4WordStride + 8 * b + i],
+                         b1 = q_words[b_head * kFp4WordStride + 8 * b + 4 + i];
 #pragma unroll
-      for (int tile = 0; tile < kFp4TilesPerWarp; ++tile) {
-        int c[4];
-        mma_i8<false>(c, a[tile][b], b0, b1);  // a 32-dim block: keys (rows) × heads, exact
+          for (int tile = 0; tile < kFp4TilesPerWarp; ++tile) mma_i8_add(c[tile], a[tile][b], b0, b1);
+        }
+        const uint32_t q_high[2] = {pow2_high(q_exp[c_head * kFp4MaxBlocks], 0),
+                                    pow2_high(q_exp[(c_head + 1) * kFp4MaxBlocks], 0)};
 #pragma unroll
-        for (int r = 0; r < 2; ++r)
+        for (int tile = 0; tile < kFp4TilesPerWarp; ++tile)
 #pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const double scale = __hiloint2double(int(k_high[tile][r][b] + q_high[j]), 0);
-            dot[tile][2 * r + j] = __fma_rn(int_to_double(c[2 * r + j]), scale, dot[tile][2 * r + j]);
+          for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+              dot[tile][2 * r + j] =
+                  int_to_double(c[tile][2 * r + j]) * __hiloint2double(int(k_high[tile][r][0] + q_high[j]), 0);
+      } else {
+#pragma unroll
+        for (int b = 0; b < kFp4MaxBlocks; ++b) {
+          if (b >= blocks) break;
+          const uint32_t b0 = q_words[b_head * kFp4WordStride + 8 * b + i],
+                         b1 = q_words[b_head * kFp4WordStride + 8 * b + 4 + i];
+          const uint32_t q_high[2] = {pow2_high(q_exp[c_head * kFp4MaxBlocks + b], 0),
+                                      pow2_high(q_exp[(c_head + 1) * kFp4MaxBlocks + b], 0)};
+#pragma unroll
+          for (int tile = 0; tile < kFp4TilesPerWarp; ++tile) {
+            int c[4];
+            mma_i8<false>(c, a[tile][b], b0, b1);  // a 32-dim block: keys (rows) × heads, exact
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+#pragma unroll
+              for (int j = 0; j < 2; ++j) {
+                const double scale = __hiloint2double(int(k_high[tile][r][b] + q_high[j]), 0);
+                dot[tile][2 * r + j] = __fma_rn(int_to_double(c[2 * r + j]), scale, dot[tile][2 * r + j]);
+              }
+          }
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        if (c_head + j >= heads) continue;
+        const float w = q_wts[c_head + j];
+#pragma unroll
+        for (int tile = 0; tile < kFp4TilesPerWarp; ++tile)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const float d = __bfloat162float(__float2bfloat16_rn(float(dot[tile][2 * r + j])));
+            terms[(c_head + j) * kFp4TermStride + row[tile][r]] = bf16_bits(fmaxf(d, 0.0f) * w);
           }
       }
     }
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      if (c_head + j >= heads) continue;
-      const float w = q_wts[c_head + j];
-#pragma unroll
-      for (int tile = 0; tile < kFp4TilesPerWarp; ++tile)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const float d = __bfloat162float(__float2bfloat16_rn(float(dot[tile][2 * r + j])));
-          terms[(c_head + j) * kFp4TermStride + row[tile][r]] = bf16_bits(fmaxf(d, 0.0f) * w);
-        }
+    __syncthreads();
+    for (int k = threadIdx.x; k < n_here; k += blockDim.x) {
+      double acc = 0.0;
+      for (int h = 0; h < heads; ++h) acc += double(bf16_to_f32(terms[h * kFp4TermStride + k]));
+      score[t * n_keys + w0 + k] = round_bf16(float(acc));
     }
-  }
-  __syncthreads();
-  for (int k = threadIdx.x; k < n_here; k += blockDim.x) {
-    double acc = 0.0;
-    for (int h = 0; h < heads; ++h) acc += double(bf16_to_f32(terms[h * kFp4TermStride + k]));
-    score[t * n_keys + w0 + k] = round_bf16(float(acc));
   }
 }
 
@@ -671,10 +732,11 @@ void CudaBackend::indexer_select(const float* q, const float* wts, int64_t T, in
     const int64_t n = std::min(chunk, T - t0);
     const int64_t visible_max = std::min(n_keys, (p0 + t0 + n) / ratio);
     if (visible_max > 0 && fp4_path) {
-      const dim3 grid(unsigned(n), unsigned((visible_max + kFp4KeysPerBlock - 1) / kFp4KeysPerBlock));
+      const dim3 grid(unsigned((n + kFp4QueriesPerBlock - 1) / kFp4QueriesPerBlock),
+                      unsigned((visible_max + kFp4KeysPerBlock - 1) / kFp4KeysPerBlock));
       launch(indexer_scores_fp4_kernel, grid, kFp4Threads, fp4_smem, stream_,
-             q_packed.get() + t0 * heads * key_format.stride, wts + t0 * heads, int(heads), key_format, keys, n_keys,
-             ratio, p0 + t0, score.get());
+             q_packed.get() + t0 * heads * key_format.stride, wts + t0 * heads, n, int(heads), key_format, keys,
+             n_keys, ratio, p0 + t0, score.get());
       DSV4_CUDA_LAUNCHED("indexer_select (FP4 scores)");
     } else if (visible_max > 0) {
       const dim3 grid(unsigned(n), unsigned((visible_max + kScoreWarps - 1) / kScoreWarps));

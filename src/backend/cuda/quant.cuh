@@ -53,14 +53,18 @@ __device__ __forceinline__ double e8m0_placed_scale(uint32_t e) {
 }
 
 // The 2·e2m1 integers (−12 … 12) of 8 nibbles (one 32-bit word of codes, the first in the low
-// nibble) as two words of four int8 (codes 0–3, 4–7): each code's magnitude picked, positive and
-// negated, from byte tables, then one of the two by its sign bit (three byte permutes per four).
-__device__ inline void fp4_to_int8x8(uint32_t nibbles, uint32_t& lo, uint32_t& hi) {
-  constexpr uint32_t kPos0 = 0x03020100u, kPos1 = 0x0C080604u;  // codes 0–3, 4–7: 0 1 2 3 | 4 6 8 12
-  constexpr uint32_t kNeg0 = 0xFDFEFF00u, kNeg1 = 0xF4F8FAFCu;  // their negatives
-  auto four = [](uint32_t n) {  // four codes in the low 16 bits
+// nibble), times 2^shift (shift ≤ 3, so they stay int8), as two words of four int8 (codes 0–3,
+// 4–7): each code's magnitude picked, positive and negated, from byte tables, then one of the two
+// by its sign bit (three byte permutes per four).
+__device__ inline void fp4_to_int8x8(uint32_t nibbles, uint32_t& lo, uint32_t& hi, int shift = 0) {
+  // codes 0–3, 4–7: 0 1 2 3 | 4 6 8 12, and their negatives, each times 2^shift: no positive byte
+  // overflows into the next (12 · 8 < 256); the negatives' carries into the next byte are masked off.
+  const uint32_t low_bits = 0x01010101u * ((0xffu << shift) & 0xffu);
+  const uint32_t pos0 = 0x03020100u << shift, pos1 = 0x0C080604u << shift;
+  const uint32_t neg0 = (0xFDFEFF00u << shift) & low_bits, neg1 = (0xF4F8FAFCu << shift) & low_bits;
+  auto four = [&](uint32_t n) {  // four codes in the low 16 bits
     const uint32_t magnitude = n & 0x7777u;
-    const uint32_t pos = __byte_perm(kPos0, kPos1, magnitude), neg = __byte_perm(kNeg0, kNeg1, magnitude);
+    const uint32_t pos = __byte_perm(pos0, pos1, magnitude), neg = __byte_perm(neg0, neg1, magnitude);
     return __byte_perm(pos, neg, 0x3210u | ((n >> 1) & 0x4444u));  // byte k from neg where code k is negative
   };
   lo = four(nibbles & 0xffffu);

@@ -137,6 +137,7 @@ struct IndexerCase {
   bool duplicate_keys = false;  // every key twice: exact ties in any numerics
   bool compact = false;         // keys packed as FP4
   bool one_key = false;         // every key the same: all tie
+  bool wide = false;            // some rows' 32-blocks 2^6 apart: too far to fold into one exponent
 };
 
 TEST(CudaTwin, IndexerSelect) {
@@ -153,6 +154,7 @@ TEST(CudaTwin, IndexerSelect) {
       {5, 2, 32, 300, 16, true, true},      // compact keys with ties
       {2, 64, 128, 40000, 512, false, true},  // V4-Flash indexer heads over 10 000 compact keys
       {3, 17, 64, 3000, 64, false, true},     // compact keys: a partial tile of 16 heads, two 32-dim blocks
+      {4, 64, 128, 4000, 512, false, true, false, true},  // compact, some keys and heads not folded
       // Few queries over more than 8 192 keys find a threshold bin over the whole GPU (bf16 scores in
       // deepseek tie within a bin; fp32 scores in plain share bins).
       {1, 8, 128, 279999, 512, false, true},  // 70 000 compact keys
@@ -170,15 +172,20 @@ TEST(CudaTwin, IndexerSelect) {
     const std::string name = "indexer_select T" + std::to_string(c.T) + " H" + std::to_string(c.heads) + " d" +
                              std::to_string(c.dim) + " p" + std::to_string(c.p0) + " k" + std::to_string(c.k) +
                              (c.duplicate_keys ? " ties" : "") + (c.compact ? " compact" : "") +
-                             (c.one_key ? " one key" : "");
+                             (c.one_key ? " one key" : "") + (c.wide ? " wide" : "");
     const int64_t n_keys = (c.p0 + c.T) / 4;
     const RowFormat key_format = c.compact ? RowFormat::index_key(StateLayout::compact, int32_t(c.dim))
                                            : RowFormat::plain(int32_t(c.dim));
-    const std::vector<float> q = random_bf16(name + ".q", size_t(c.T * c.heads * c.dim));
+    std::vector<float> q = random_bf16(name + ".q", size_t(c.T * c.heads * c.dim));
     const std::vector<float> wts = random_bf16(name + ".wts", size_t(c.T * c.heads), 0.1f);
     std::vector<float> keys = c.compact ? packed_rows(name + ".keys", key_format, std::max<int64_t>(1, n_keys))
                                         : random_bf16(name + ".keys", size_t(std::max<int64_t>(1, n_keys) * c.dim));
     const int64_t stride = key_format.stride;
+    if (c.wide) {  // every third head's second block 64 times larger; every fifth key's, its exponent 6 up
+      for (int64_t row = 0; row < c.T * c.heads; row += 3)
+        for (int64_t d = 32; d < 64; ++d) q[size_t(row * c.dim + d)] *= 64.0f;
+      for (int64_t w = 0; w < n_keys; w += 5) reinterpret_cast<uint8_t*>(&keys[size_t(w * stride)])[key_format.scale_offset() + 1] += 6;
+    }
     if (c.one_key)
       for (int64_t w = 1; w < n_keys; ++w) std::copy(keys.begin(), keys.begin() + stride, keys.begin() + w * stride);
     if (c.duplicate_keys)
