@@ -184,7 +184,8 @@ TEST(CudaTwin, IndexerSelect) {
     if (c.wide) {  // every third head's second block 64 times larger; every fifth key's, its exponent 6 up
       for (int64_t row = 0; row < c.T * c.heads; row += 3)
         for (int64_t d = 32; d < 64; ++d) q[size_t(row * c.dim + d)] *= 64.0f;
-      for (int64_t w = 0; w < n_keys; w += 5) reinterpret_cast<uint8_t*>(&keys[size_t(w * stride)])[key_format.scale_offset() + 1] += 6;
+      for (int64_t w = 0; w < n_keys; w += 5)
+        reinterpret_cast<uint8_t*>(&keys[size_t(w * stride)])[key_format.scale_offset() + 1] += 6;
     }
     if (c.one_key)
       for (int64_t w = 1; w < n_keys; ++w) std::copy(keys.begin(), keys.begin() + stride, keys.begin() + w * stride);
