@@ -8,12 +8,8 @@
 //   scores: grid (query, key blocks), one warp per (query, key); the warp decodes the key from its
 //     stored format once (each lane its dims lane, lane + 32, …, in registers), then sums the
 //     heads in order, each head's dot a double shuffle reduction.
-//   scores over compact (FP4) keys in deepseek numerics: q and k are e2m1 · 2^e with one e per
-//     32-block, so a block's dot is 2^(e_q + e_k − 2) times a small integer sum of products of
-//     2·e2m1 values (integers in [−12, 12]): four-way int8 dot products (dp4a) give it exactly,
-//     and the few block terms, exact doubles, add to the same correctly rounded float as the
-//     double path. q is packed into the keys' format first; one thread per key, the query's
-//     codes in shared memory (every thread reads the same word: a broadcast).
+//   scores over compact (FP4) keys in deepseek numerics: on the integer tensor cores, exact
+//     (indexer_fp4.cu).
 //   top-k: each candidate becomes a unique 64-bit key (order-preserving score bits above the
 //     inverted row index), so "higher score, then lower row" is plain key order. A radix select
 //     (eight 8-bit digit passes, histograms in shared memory, each pass's digit found by one warp's
@@ -43,8 +39,8 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/indexer_fp4.cuh"
 #include "backend/cuda/launch.cuh"
-#include "backend/cuda/quant.cuh"
 
 namespace dsv4::cuda {
 
@@ -61,11 +57,6 @@ constexpr int64_t kSortAllKeys = 2048;         // fewer keys are sorted whole, w
 static_assert(kSortAllKeys <= kMaxTopK, "the keys sorted whole fit the sort buffer");
 constexpr int64_t kScoreScratch = int64_t(1) << 26;  // floats of scores per chunk (256 MiB)
 constexpr int kMaxKeyDim = 256;                        // a key's dims in registers: 8 per lane
-
-// Query t of a chunk starting at position p0 sees the rows w < ⌊(p0 + t + 1) / ratio⌋ that exist.
-__device__ inline int64_t visible_keys(int64_t t, int64_t p0, int64_t ratio, int64_t n_keys) {
-  return (p0 + t + 1) / ratio < n_keys ? (p0 + t + 1) / ratio : n_keys;
-}
 
 __global__ void indexer_scores_kernel(const float* q, const float* wts, int64_t heads, int64_t dim,
                                       const float* keys, RowFormat key_format, int64_t n_keys, int64_t ratio,
@@ -91,209 +82,6 @@ __global__ void indexer_scores_kernel(const float* q, const float* wts, int64_t 
     acc += double(round_if(bf16, fmaxf(d, 0.0f) * wts[t * heads + h]));
   }
   if (lane == 0) score[t * n_keys + w] = round_if(bf16, float(acc));
-}
-
-constexpr int kFp4MaxDim = 128;               // V4's index_head_dim; wider keys take the general path
-constexpr int kFp4MaxBlocks = kFp4MaxDim / RowFormat::kFp4Block;
-constexpr int kFp4Warps = 4;
-constexpr int kFp4TilesPerWarp = 2;           // 16-key tiles: each query fragment serves two key tiles
-constexpr int kFp4KeysPerBlock = 16 * kFp4TilesPerWarp * kFp4Warps;
-constexpr int kFp4QueriesPerBlock = 8;        // queries a block's keys, held in registers, serve in turn
-constexpr int kFp4Threads = 32 * kFp4Warps;
-// Int8 words (4 codes) per staged row of queries or keys: the 8 rows × 4 lanes of a fragment load
-// fall on distinct banks with a stride of 4 (mod 32) words.
-constexpr int kFp4WordStride = kFp4MaxDim / 4 + 4;
-// bf16 terms per staged head, one per key: lane (g, i)'s stores of heads 2i, 2i + 1 × keys g fall
-// on distinct banks (136 halves = 68 words ≡ 4 mod 32 … per head pair 8), the head sums read rows.
-constexpr int kFp4TermStride = kFp4KeysPerBlock + 8;
-
-// double(i), exactly, on the FP64 pipe (2^52 + 2^31 + i is exact) instead of the slower conversion unit.
-__device__ inline double int_to_double(int i) {
-  return __hiloint2double(0x43300000, i ^ int(0x80000000)) - 4503601774854144.0;  // − (2^52 + 2^31)
-}
-
-// x rounded to bf16 (round to nearest even), its bits: one conversion instruction. Equal to the
-// reference's f32_to_bf16 except in a NaN's payload; a NaN dot becomes 0 at the ReLU either way.
-__device__ inline uint16_t bf16_bits(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
-
-// A row's blocks whose exponents lie within kMaxFold of the row's least are folded: block b's codes
-// are staged times 2^(e_b − e_min) (|12 · 2^3| fits int8) and every block takes e_min, so one int32
-// sum over the whole row, times 2^(e_min,q + e_min,k − 2), is the dot exactly (the codes' products
-// sum to at most 128 · 96² < 2^31). Rows of a wider spread keep their codes and exponents.
-constexpr int kMaxFold = 3;
-
-// Block b's staged exponent (first) and its codes' shift (second) in a row whose `blocks` E8M0
-// exponents are `scales`; blocks past the row's width take e_min when the row is folded (their codes
-// are zero), so a folded row's staged exponents are all equal.
-__device__ inline int2 staged_exponent(const uint8_t* scales, int blocks, int b) {
-  int lo = 1 << 30, hi = -(1 << 30);
-  for (int j = 0; j < blocks; ++j) lo = min(lo, int(scales[j])), hi = max(hi, int(scales[j]));
-  const int e = b < blocks ? int(scales[b]) : lo;
-  return hi - lo <= kMaxFold ? make_int2(lo - 127, e - lo) : make_int2(b < blocks ? e - 127 : 0, 0);
-}
-
-// Rows of FP4 codes (f) into shared memory as int8 words and exponents, folded where kMaxFold allows:
-// row r is src + r·f.stride, present when r < n_present (else zeros, exponents 0); rows are padded
-// to kFp4WordStride words, blocks past the row's width left zero.
-__device__ inline void stage_fp4_rows(const float* src, RowFormat f, int rows, int n_present, uint32_t* words,
-                                      int* exps) {
-  constexpr int kHalfWords = kFp4MaxDim / 8;  // 8 codes each; 4 per 32-block
-  const int half_words = f.width / 8, blocks = f.width / RowFormat::kFp4Block;
-  for (int i = threadIdx.x; i < rows * kHalfWords; i += blockDim.x) {
-    const int r = i / kHalfWords, j = i % kHalfWords, b = j / 4;
-    const float* row = src + int64_t(r) * f.stride;
-    const int2 e = r < n_present ? staged_exponent(reinterpret_cast<const uint8_t*>(row) + f.scale_offset(), blocks, b)
-                                 : make_int2(0, 0);
-    const uint32_t nibbles = r < n_present && j < half_words ? reinterpret_cast<const uint32_t*>(row)[j] : 0u;
-    fp4_to_int8x8(nibbles, words[r * kFp4WordStride + 2 * j], words[r * kFp4WordStride + 2 * j + 1], e.y);
-    if (j % 4 == 0) exps[r * kFp4MaxBlocks + b] = e.x;
-  }
-}
-
-// Whether a staged row's exponents are all equal: folded, or one exponent throughout.
-__device__ inline bool one_exponent(const int* exps) {
-  bool same = true;
-#pragma unroll
-  for (int b = 1; b < kFp4MaxBlocks; ++b) same &= exps[b] == exps[0];
-  return same;
-}
-
-// The query's words, exponents and weights, then the keys' words and exponents, whose space the
-// terms take over once the keys are in registers.
-size_t fp4_scores_smem(int64_t heads) {
-  const int64_t padded_heads = (heads + 7) / 8 * 8;
-  const size_t keys = size_t(kFp4KeysPerBlock * (kFp4WordStride + kFp4MaxBlocks)) * 4,
-               terms = size_t(heads * kFp4TermStride) * 2;
-  return size_t(padded_heads * (kFp4WordStride + kFp4MaxBlocks + 1)) * 4 + std::max(keys, terms);
-}
-
-// score[t, w] for kFp4QueriesPerBlock queries t from blockIdx.x, in turn, and kFp4KeysPerBlock keys w
-// from blockIdx.y, staged once and held in registers (a block per query staged them for each).
-// qc: the queries packed as FP4 rows (key format f), [T, heads]. Each warp multiplies its two
-// 16-key tiles by every 8 heads. When every row it meets has one staged exponent (folded: see
-// kMaxFold) the blocks' products add up in the tensor cores' int32 sum, and the dot is that sum
-// times 2^(e_q + e_k − 2); otherwise one block at a time, folding the block sums into double dots as
-// the scalar path did (dot += sum · 2^(e_q + e_k − 2), blocks in order; the product is exact, so one
-// fused multiply-add rounds as the separate add did). Both are the exact dot. Each head's bf16 term
-// goes to shared memory; then a thread per key adds its terms in head order.
-__global__ void __launch_bounds__(kFp4Threads)
-    indexer_scores_fp4_kernel(const float* qc, const float* wts, int64_t n_queries, int heads, RowFormat f,
-                              const float* keys, int64_t n_keys, int64_t ratio, int64_t p0, float* score) {
-  await_previous_kernel();
-  extern __shared__ uint32_t fp4_smem[];
-  const int head_tiles = (heads + 7) / 8, blocks = f.width / RowFormat::kFp4Block;
-  uint32_t* q_words = fp4_smem;                                                 // [8 · head_tiles][stride]
-  int* q_exp = reinterpret_cast<int*>(q_words + 8 * head_tiles * kFp4WordStride);  // [8 · head_tiles][4]
-  float* q_wts = reinterpret_cast<float*>(q_exp + 8 * head_tiles * kFp4MaxBlocks);  // [8 · head_tiles]
-  uint32_t* k_words = reinterpret_cast<uint32_t*>(q_wts + 8 * head_tiles);     // [keys][stride]
-  int* k_exp = reinterpret_cast<int*>(k_words + kFp4KeysPerBlock * kFp4WordStride);  // [keys][4]
-  uint16_t* terms = reinterpret_cast<uint16_t*>(k_words);  // [heads][kFp4TermStride], once the keys are read
-  const int64_t t0 = int64_t(blockIdx.x) * kFp4QueriesPerBlock, w0 = int64_t(blockIdx.y) * kFp4KeysPerBlock;
-  const int64_t t_end = t0 + kFp4QueriesPerBlock < n_queries ? t0 + kFp4QueriesPerBlock : n_queries;
-  const int64_t visible_last = visible_keys(t_end - 1, p0, ratio, n_keys);  // visibility grows with t
-  if (w0 >= visible_last) return;
-  stage_fp4_rows(keys + w0 * f.stride, f, kFp4KeysPerBlock,
-                 int(visible_last - w0 < kFp4KeysPerBlock ? visible_last - w0 : kFp4KeysPerBlock), k_words, k_exp);
-  __syncthreads();
-
-  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, i = threadIdx.x % 4;
-  int row[kFp4TilesPerWarp][2];  // this lane's keys in the block: rows g and g + 8 of each tile
-  uint32_t a[kFp4TilesPerWarp][kFp4MaxBlocks][4];
-  uint32_t k_high[kFp4TilesPerWarp][2][kFp4MaxBlocks];  // 2^(e_k − 2)'s high word, to add e_q to
-  bool keys_single = true;  // this lane's keys each with one staged exponent
-#pragma unroll
-  for (int tile = 0; tile < kFp4TilesPerWarp; ++tile) {
-    row[tile][0] = 16 * (kFp4TilesPerWarp * warp + tile) + g;
-    row[tile][1] = row[tile][0] + 8;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) keys_single &= one_exponent(k_exp + row[tile][r] * kFp4MaxBlocks);
-#pragma unroll
-    for (int b = 0; b < kFp4MaxBlocks; ++b) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        a[tile][b][r] = k_words[row[tile][r] * kFp4WordStride + 8 * b + i];
-        a[tile][b][2 + r] = k_words[row[tile][r] * kFp4WordStride + 8 * b + 4 + i];
-        k_high[tile][r][b] = pow2_high(k_exp[row[tile][r] * kFp4MaxBlocks + b], 1023 - 2);
-      }
-    }
-  }
-  for (int64_t t = t0; t < t_end; ++t) {
-    const int64_t visible = visible_keys(t, p0, ratio, n_keys);
-    if (w0 >= visible) continue;  // (uniform over the block)
-    const int n_here = int(visible - w0 < kFp4KeysPerBlock ? visible - w0 : kFp4KeysPerBlock);
-    __syncthreads();  // the last query's head sums are done; the first's: every warp holds its keys
-    stage_fp4_rows(qc + t * heads * f.stride, f, 8 * head_tiles, heads, q_words, q_exp);
-    for (int h = threadIdx.x; h < 8 * head_tiles; h += blockDim.x) q_wts[h] = h < heads ? wts[t * heads + h] : 0.0f;
-    __syncthreads();
-    // Every row this warp multiplies with one exponent: each dot is one int32 sum over all blocks.
-    bool single = keys_single;
-    for (int h = threadIdx.x % 32; h < 8 * head_tiles; h += 32) single &= one_exponent(q_exp + h * kFp4MaxBlocks);
-    single = __all_sync(kFullMask, single);
-    for (int nt = 0; nt < head_tiles; ++nt) {
-      const int b_head = 8 * nt + g, c_head = 8 * nt + 2 * i;  // this lane's column of b; of c
-      double dot[kFp4TilesPerWarp][4] = {};                    // (row r, head c_head + j) at 2r + j
-      if (single) {
-        int c[kFp4TilesPerWarp][4] = {};
-#pragma unroll
-        for (int b = 0; b < kFp4MaxBlocks; ++b) {
-          if (b >= blocks) break;
-          const uint32_t b0 = q_words[b_head * kFp4WordStride + 8 * b + i],
-                         b1 = q_words[b_head * kFp4WordStride + 8 * b + 4 + i];
-#pragma unroll
-          for (int tile = 0; tile < kFp4TilesPerWarp; ++tile) mma_i8_add(c[tile], a[tile][b], b0, b1);
-        }
-        const uint32_t q_high[2] = {pow2_high(q_exp[c_head * kFp4MaxBlocks], 0),
-                                    pow2_high(q_exp[(c_head + 1) * kFp4MaxBlocks], 0)};
-#pragma unroll
-        for (int tile = 0; tile < kFp4TilesPerWarp; ++tile)
-#pragma unroll
-          for (int r = 0; r < 2; ++r)
-#pragma unroll
-            for (int j = 0; j < 2; ++j)
-              dot[tile][2 * r + j] =
-                  int_to_double(c[tile][2 * r + j]) * __hiloint2double(int(k_high[tile][r][0] + q_high[j]), 0);
-      } else {
-#pragma unroll
-        for (int b = 0; b < kFp4MaxBlocks; ++b) {
-          if (b >= blocks) break;
-          const uint32_t b0 = q_words[b_head * kFp4WordStride + 8 * b + i],
-                         b1 = q_words[b_head * kFp4WordStride + 8 * b + 4 + i];
-          const uint32_t q_high[2] = {pow2_high(q_exp[c_head * kFp4MaxBlocks + b], 0),
-                                      pow2_high(q_exp[(c_head + 1) * kFp4MaxBlocks + b], 0)};
-#pragma unroll
-          for (int tile = 0; tile < kFp4TilesPerWarp; ++tile) {
-            int c[4];
-            mma_i8<false>(c, a[tile][b], b0, b1);  // a 32-dim block: keys (rows) × heads, exact
-#pragma unroll
-            for (int r = 0; r < 2; ++r)
-#pragma unroll
-              for (int j = 0; j < 2; ++j) {
-                const double scale = __hiloint2double(int(k_high[tile][r][b] + q_high[j]), 0);
-                dot[tile][2 * r + j] = __fma_rn(int_to_double(c[2 * r + j]), scale, dot[tile][2 * r + j]);
-              }
-          }
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        if (c_head + j >= heads) continue;
-        const float w = q_wts[c_head + j];
-#pragma unroll
-        for (int tile = 0; tile < kFp4TilesPerWarp; ++tile)
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const float d = __bfloat162float(__float2bfloat16_rn(float(dot[tile][2 * r + j])));
-            terms[(c_head + j) * kFp4TermStride + row[tile][r]] = bf16_bits(fmaxf(d, 0.0f) * w);
-          }
-      }
-    }
-    __syncthreads();
-    for (int k = threadIdx.x; k < n_here; k += blockDim.x) {
-      double acc = 0.0;
-      for (int h = 0; h < heads; ++h) acc += double(bf16_to_f32(terms[h * kFp4TermStride + k]));
-      score[t * n_keys + w0 + k] = round_bf16(float(acc));
-    }
-  }
 }
 
 // Larger key = higher score, then lower row. −0 is folded into +0: they compare equal on the CPU.
@@ -709,17 +497,16 @@ void CudaBackend::indexer_select(const float* q, const float* wts, int64_t T, in
     DSV4_CUDA_LAUNCHED("indexer_select (no keys)");
     return;
   }
-  // Compact keys in deepseek numerics: the exact integer path, on q packed like the keys.
-  const bool fp4_path =
-      deepseek() && key_format.kind == RowFormat::fp4 && dim % RowFormat::kFp4Block == 0 && dim <= kFp4MaxDim;
+  // Compact keys in deepseek numerics: the exact integer path (indexer_fp4.cu), on q packed like
+  // the keys and prepared once for every chunk.
+  const bool fp4_path = deepseek() && fp4_scores_apply(key_format, dim);
   DeviceArray<float> q_packed(stream_, fp4_path ? size_t(T * heads * key_format.stride) : 0);
-  const size_t fp4_smem = fp4_scores_smem(heads);
+  DeviceArray<unsigned char> q_prepared(stream_, fp4_path ? fp4_queries_bytes(T, heads) : 0);
+  Fp4Queries fp4_queries{};
   if (fp4_path) {
     pack_rows(key_format, q, T * heads, q_packed.get());
-    allow_shared_memory(reinterpret_cast<const void*>(indexer_scores_fp4_kernel), fp4_smem,
-                        "indexer scores over compact keys");
-    DSV4_CUDA_REQUIRE(n_keys <= int64_t(65535) * kFp4KeysPerBlock, "indexer_select: ", n_keys,
-                      " compact keys exceed the grid's ", int64_t(65535) * kFp4KeysPerBlock);
+    fp4_queries = prepare_fp4_queries(stream_, q_packed.get(), wts, T, int(heads), key_format, q_prepared.get());
+    allow_shared_memory(fp4_scores_kernel(), fp4_scores_smem(int(heads)), "indexer scores over compact keys");
   }
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(T, kScoreScratch / n_keys));
   DeviceArray<float> score(stream_, size_t(chunk * n_keys));
@@ -732,12 +519,8 @@ void CudaBackend::indexer_select(const float* q, const float* wts, int64_t T, in
     const int64_t n = std::min(chunk, T - t0);
     const int64_t visible_max = std::min(n_keys, (p0 + t0 + n) / ratio);
     if (visible_max > 0 && fp4_path) {
-      const dim3 grid(unsigned((n + kFp4QueriesPerBlock - 1) / kFp4QueriesPerBlock),
-                      unsigned((visible_max + kFp4KeysPerBlock - 1) / kFp4KeysPerBlock));
-      launch(indexer_scores_fp4_kernel, grid, kFp4Threads, fp4_smem, stream_,
-             q_packed.get() + t0 * heads * key_format.stride, wts + t0 * heads, n, int(heads), key_format, keys,
-             n_keys, ratio, p0 + t0, score.get());
-      DSV4_CUDA_LAUNCHED("indexer_select (FP4 scores)");
+      fp4_scores(stream_, fp4_queries, t0, n, wts, int(heads), key_format, keys, n_keys, visible_max, ratio, p0,
+                 score.get());
     } else if (visible_max > 0) {
       const dim3 grid(unsigned(n), unsigned((visible_max + kScoreWarps - 1) / kScoreWarps));
       launch(indexer_scores_kernel, grid, kScoreWarps * 32, 0, stream_, q + t0 * heads * dim, wts + t0 * heads, heads,

@@ -138,6 +138,7 @@ struct IndexerCase {
   bool compact = false;         // keys packed as FP4
   bool one_key = false;         // every key the same: all tie
   bool wide = false;            // some rows' 32-blocks 2^6 apart: too far to fold into one exponent
+  bool spread_weights = false;  // some queries' weights 2^24 apart: their terms too far apart to add in any order
 };
 
 TEST(CudaTwin, IndexerSelect) {
@@ -155,6 +156,7 @@ TEST(CudaTwin, IndexerSelect) {
       {2, 64, 128, 40000, 512, false, true},  // V4-Flash indexer heads over 10 000 compact keys
       {3, 17, 64, 3000, 64, false, true},     // compact keys: a partial tile of 16 heads, two 32-dim blocks
       {4, 64, 128, 4000, 512, false, true, false, true},  // compact, some keys and heads not folded
+      {6, 64, 128, 4000, 512, false, true, false, false, true},  // compact, some queries summed in head order
       // Few queries over more than 8 192 keys find a threshold bin over the whole GPU (bf16 scores in
       // deepseek tie within a bin; fp32 scores in plain share bins).
       {1, 8, 128, 279999, 512, false, true},  // 70 000 compact keys
@@ -172,12 +174,15 @@ TEST(CudaTwin, IndexerSelect) {
     const std::string name = "indexer_select T" + std::to_string(c.T) + " H" + std::to_string(c.heads) + " d" +
                              std::to_string(c.dim) + " p" + std::to_string(c.p0) + " k" + std::to_string(c.k) +
                              (c.duplicate_keys ? " ties" : "") + (c.compact ? " compact" : "") +
-                             (c.one_key ? " one key" : "") + (c.wide ? " wide" : "");
+                             (c.one_key ? " one key" : "") + (c.wide ? " wide" : "") +
+                             (c.spread_weights ? " spread weights" : "");
     const int64_t n_keys = (c.p0 + c.T) / 4;
     const RowFormat key_format = c.compact ? RowFormat::index_key(StateLayout::compact, int32_t(c.dim))
                                            : RowFormat::plain(int32_t(c.dim));
     std::vector<float> q = random_bf16(name + ".q", size_t(c.T * c.heads * c.dim));
-    const std::vector<float> wts = random_bf16(name + ".wts", size_t(c.T * c.heads), 0.1f);
+    std::vector<float> wts = random_bf16(name + ".wts", size_t(c.T * c.heads), 0.1f);
+    if (c.spread_weights)  // every other query's first head 2^-24 of its weight
+      for (int64_t t = 0; t < c.T; t += 2) wts[size_t(t * c.heads)] *= 0x1p-24f;
     std::vector<float> keys = c.compact ? packed_rows(name + ".keys", key_format, std::max<int64_t>(1, n_keys))
                                         : random_bf16(name + ".keys", size_t(std::max<int64_t>(1, n_keys) * c.dim));
     const int64_t stride = key_format.stride;

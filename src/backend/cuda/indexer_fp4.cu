@@ -1,0 +1,440 @@
+// The Lightning Indexer's scores over compact (FP4) keys in deepseek numerics (twin of the score
+// loop of cpu/indexer.cpp): score_w = bf16(Σ_h bf16(relu(bf16(q_h · K_w)) · w_h)), the head sum in
+// double in head order.
+//
+// The dot. q and k are e2m1 · 2^e with one E8M0 exponent e per 32-block, so a block's dot is
+// 2^(e_q + e_k − 2) times an integer sum of products of 2·e2m1 values (integers in [−12, 12]): the
+// int8 tensor cores (mma m16n8k32, keys × heads) give it exactly. A row whose block exponents lie
+// within kMaxFold of its least is folded: block b's codes times 2^(e_b − e_min), every block e_min,
+// so one int32 sum over the row is the dot (|c| < 128 · 96² < 2^21).
+//
+// Fast terms. When every row a warp multiplies is folded, the dot is c · 2^E with E = E_q + E_k − 2,
+// and each term can be formed without conversion instructions (Hopper issues those at a quarter of
+// the FP32 rate, and they bounded the kernel): c arrives as the float 1.5 · 2^23 + c (the sum
+// starts from that float's bits), one subtraction makes it a float; bf16 rounding is Veltkamp's
+// split (three FP32 operations); the power 2^E_k of the key is left out of the term (exact while
+// everything stays normal) and applied to the sum; the term's bits shifted right by 3 are a double
+// 2^-896 times the term, which one fused multiply-add by ±2^896 adds to the lane's sum. A lane sums
+// its 2 of every 8 heads, then two shuffles add the 4 lanes: in another order than the CPU's, which
+// is the same sum when it is exact in double. prepare_fp4_queries bounds, per query, the exponents
+// the terms can have (the range of E_q + log2|w| over the heads, and the key exponents that keep
+// every step normal); a warp whose keys fall outside takes the ordered path.
+//
+// Ordered terms (rows of wider exponent spreads, queries outside the bounds): one block at a time,
+// the block sums folded into double dots in block order as the CPU does; each head's bf16 term to
+// the warp's shared memory; then a lane per key adds its terms in head order.
+//
+// Layout: a block stages kFp4KeysPerBlock keys once, each warp holds its 32 in registers (A
+// fragments), and serves kFp4QueriesPerBlock queries in turn, reading their prepared operands
+// from global memory (the L1 keeps them for the block's other warps): no barrier per query.
+//
+// Measured on an H200 (4 synthetic V4-Flash layers, 1M prompt): 23.5 ms per 2 048-query chunk
+// with the top-k (44.3 with per-head doubles and conversions, the terms staged in shared memory
+// for an ordered sum); 99.96% of warps took the fast path (a counter, not kept).
+#include "backend/cuda/indexer_fp4.cuh"
+
+#include <algorithm>
+#include <climits>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/device_math.cuh"
+#include "backend/cuda/launch.cuh"
+#include "backend/cuda/quant.cuh"
+
+namespace dsv4::cuda {
+
+namespace {
+
+constexpr int kFp4MaxDim = 128;  // V4's index_head_dim
+constexpr int kFp4MaxBlocks = kFp4MaxDim / RowFormat::kFp4Block;
+constexpr int kFp4Warps = 4;
+constexpr int kKeysPerWarp = 32;  // two 16-key tiles: each query operand serves both
+constexpr int kFp4KeysPerBlock = kKeysPerWarp * kFp4Warps;
+constexpr int kFp4QueriesPerBlock = 16;
+constexpr int kFp4Threads = 32 * kFp4Warps;
+// Int8 words (4 codes) per staged key row: the 8 rows × 4 lanes of a fragment load fall on
+// distinct banks with a stride of 4 (mod 32) words.
+constexpr int kFp4WordStride = kFp4MaxDim / 4 + 4;
+
+// See the top: folded blocks lie within kMaxFold of the row's least exponent (|12 · 2^3| fits int8).
+constexpr int kMaxFold = 3;
+// The fast terms' bounds: the terms of a head lie in [2^a, 2^(a + 22)] times 2^E_k, a = E_q − 2 +
+// ⌊log2|w|⌋ (c < 2^21, so bf16(c) ≤ 2^21, times |w| < 2^(⌊log2|w|⌋ + 1)), each with 8 significant
+// bits; 64 of them sum exactly in double when the spread of a over the heads is at most 53 − 28 − 7.
+constexpr int kMaxTermSpread = 18;
+constexpr int kMagicBits = 0x4B400000;  // the float 1.5 · 2^23: its bits plus c are 1.5 · 2^23 + c
+constexpr float kMagic = 12582912.0f;
+constexpr uint32_t kPlus2p896 = 0x77F00000u, kMinus2p896 = 0xF7F00000u;  // high words of ±2^896
+
+// Block b's staged exponent (first, unbiased) and its codes' shift (second) in a row whose `blocks`
+// E8M0 exponents are `scales`; blocks past the row's width take e_min when the row is folded (their
+// codes are zero), so a folded row's staged exponents are all equal.
+__device__ inline int2 staged_exponent(const uint8_t* scales, int blocks, int b) {
+  int lo = 1 << 30, hi = -(1 << 30);
+  for (int j = 0; j < blocks; ++j) lo = min(lo, int(scales[j])), hi = max(hi, int(scales[j]));
+  const int e = b < blocks ? int(scales[b]) : lo;
+  return hi - lo <= kMaxFold ? make_int2(lo - 127, e - lo) : make_int2(b < blocks ? e - 127 : 0, 0);
+}
+
+__device__ inline const uint8_t* row_scales(const float* row, const RowFormat& f) {
+  return reinterpret_cast<const uint8_t*>(row) + f.scale_offset();
+}
+
+// Half-word j (8 codes) of a row as two int8 words (dims 8j … 8j + 7), staged (folded where it can be).
+__device__ inline void staged_words(const float* row, const RowFormat& f, int j, int shift, uint32_t (&w)[2]) {
+  const uint32_t nibbles = j < f.width / 8 ? reinterpret_cast<const uint32_t*>(row)[j] : 0u;
+  fp4_to_int8x8(nibbles, w[0], w[1], shift);
+}
+
+// Whether a staged row's exponents are all equal: folded, or one exponent throughout.
+__device__ inline bool one_exponent(const int* exps) {
+  bool same = true;
+#pragma unroll
+  for (int b = 1; b < kFp4MaxBlocks; ++b) same &= exps[b] == exps[0];
+  return same;
+}
+
+struct Fp4QueriesOut {
+  uint4* words;
+  int4* exps;
+  uint4* lanes;
+  int4* query;
+};
+
+Fp4QueriesOut queries_in(void* buffer, int64_t T, int64_t heads) {
+  const int64_t tiles = (heads + 7) / 8;
+  auto* words = static_cast<uint4*>(buffer);
+  auto* exps = reinterpret_cast<int4*>(words + T * tiles * 64);
+  auto* lanes = reinterpret_cast<uint4*>(exps + T * tiles * 8);
+  return {words, exps, lanes, reinterpret_cast<int4*>(lanes + T * tiles * 4)};
+}
+
+// A block per query: its heads' rows staged as the keys are (folded where they can be), the words
+// in each lane's fragment order; per head its exponents, |w| · 2^(E_q − 2) and the sign of w as
+// ±2^896 (0 for w = 0 and the padding heads); the query's bounds (see the top). Heads of w = 0
+// have zero terms but their dots still bound E (the CPU multiplies them by 0: a dot must stay finite).
+__global__ void __launch_bounds__(kFp4Threads)
+    indexer_prepare_queries_kernel(const float* qc, const float* wts, int heads, RowFormat f, Fp4QueriesOut out) {
+  await_previous_kernel();
+  __shared__ int lo_q, hi_q, lo_a, hi_a, fast;
+  const int64_t t = blockIdx.x;
+  const int tiles = (heads + 7) / 8, rows = 8 * tiles, blocks = f.width / RowFormat::kFp4Block;
+  if (threadIdx.x == 0) lo_q = lo_a = INT_MAX, hi_q = hi_a = INT_MIN, fast = 1;
+  __syncthreads();
+  uint32_t* words = reinterpret_cast<uint32_t*>(out.words + t * tiles * 64);
+  for (int i = threadIdx.x; i < rows * kFp4MaxDim / 8; i += blockDim.x) {
+    const int h = i / (kFp4MaxDim / 8), j = i % (kFp4MaxDim / 8), b = j / 4;
+    uint32_t w[2] = {0u, 0u};
+    if (h < heads) {
+      const float* row = qc + (t * heads + h) * f.stride;
+      staged_words(row, f, j, staged_exponent(row_scales(row, f), blocks, b).y, w);
+    }
+    // Word 2j + k holds dims 4(2j + k) …: in block b at r = (2j + k) mod 8, the B fragment's b0
+    // (r < 4) or b1 of lane (g = h mod 8, i = r mod 4).
+    for (int k = 0; k < 2; ++k) {
+      const int r = (2 * j + k) % 8;
+      words[((h / 8) * 32 + 4 * (h % 8) + r % 4) * 8 + 2 * b + r / 4] = w[k];
+    }
+  }
+  uint32_t* lanes = reinterpret_cast<uint32_t*>(out.lanes + t * tiles * 4);
+  for (int h = threadIdx.x; h < rows; h += blockDim.x) {
+    int e[kFp4MaxBlocks] = {};
+    const float w = h < heads ? wts[t * heads + h] : 0.0f;
+    if (h < heads) {
+      const uint8_t* scales = row_scales(qc + (t * heads + h) * f.stride, f);
+      for (int b = 0; b < kFp4MaxBlocks; ++b) e[b] = staged_exponent(scales, blocks, b).x;
+      atomicMin(&lo_q, e[0]);
+      atomicMax(&hi_q, e[0]);
+      if (!one_exponent(e)) fast = 0;
+    }
+    out.exps[t * rows + h] = make_int4(e[0], e[1], e[2], e[3]);
+    const int w_field = int((f32_bits(w) >> 23) & 0xff), a = w_field - 127 + e[0] - 2;
+    if (w != 0.0f) {
+      atomicMin(&lo_a, a);
+      atomicMax(&hi_a, a);
+      if (w_field == 0 || a < -126 || a > 88) fast = 0;  // subnormal w; a scaled weight or term not normal
+    }
+    const int at = ((h / 8) * 4 + (h % 8) / 2) * 4 + h % 2;  // lane column pair (h mod 8) / 2, column h mod 2
+    lanes[at] = f32_bits(w != 0.0f ? ldexpf(fabsf(w), e[0] - 2) : 0.0f);
+    lanes[at + 2] = w > 0.0f ? kPlus2p896 : w < 0.0f ? kMinus2p896 : 0u;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const bool weighted = lo_a <= hi_a;  // (lo_q ≤ hi_q: heads ≥ 1)
+    // E = E_q + E_k − 2 in [−126, 106] keeps c · 2^E (|c| ≤ 2^21) normal; a + E_k in [−126, 105] the terms.
+    out.query[t] = make_int4(fast && (!weighted || hi_a - lo_a <= kMaxTermSpread),
+                             weighted ? max(-124 - lo_q, -126 - lo_a) : -124 - lo_q,
+                             weighted ? min(108 - hi_q, 105 - hi_a) : 108 - hi_q, 0);
+  }
+}
+
+// Rows of FP4 codes (f) into shared memory as int8 words and exponents, folded where kMaxFold
+// allows: row r is src + r·f.stride, present when r < n_present (else zeros, exponents 0); rows are
+// padded to kFp4WordStride words, blocks past the row's width left zero.
+__device__ inline void stage_fp4_rows(const float* src, RowFormat f, int rows, int n_present, uint32_t* words,
+                                      int* exps) {
+  constexpr int kHalfWords = kFp4MaxDim / 8;  // 8 codes each; 4 per 32-block
+  const int blocks = f.width / RowFormat::kFp4Block;
+  for (int i = threadIdx.x; i < rows * kHalfWords; i += blockDim.x) {
+    const int r = i / kHalfWords, j = i % kHalfWords, b = j / 4;
+    const float* row = src + int64_t(r) * f.stride;
+    uint32_t w[2] = {0u, 0u};
+    int2 e = make_int2(0, 0);
+    if (r < n_present) {
+      e = staged_exponent(row_scales(row, f), blocks, b);
+      staged_words(row, f, j, e.y, w);
+    }
+    words[r * kFp4WordStride + 2 * j] = w[0];
+    words[r * kFp4WordStride + 2 * j + 1] = w[1];
+    if (j % 4 == 0) exps[r * kFp4MaxBlocks + b] = e.x;
+  }
+}
+
+// double(i), exactly, on the FP64 pipe (2^52 + 2^31 + i is exact) instead of the slower conversion unit.
+__device__ __forceinline__ double int_to_double(int i) {
+  return __hiloint2double(0x43300000, i ^ int(0x80000000)) - 4503601774854144.0;  // − (2^52 + 2^31)
+}
+
+// bf16 rounding (to nearest, ties to even) of a normal float below 2^111 on the FP32 pipe:
+// Veltkamp's split at 16 bits. Checked against the integer rounding for every such float.
+__device__ __forceinline__ float round_bf16_split(float x) {
+  const float g = __fmul_rn(65537.0f, x);
+  return __fadd_rn(g, __fsub_rn(x, g));
+}
+
+// A fast term (see the top) from its dot's c as 1.5 · 2^23 + c in float bits and the head's
+// |w| · 2^(E_q − 2): bf16(bf16(relu(c)) · W) · 2^-896, as a double.
+__device__ __forceinline__ double fast_term(int c_magic, float W) {
+  const float c = fmaxf(__fsub_rn(__int_as_float(c_magic), kMagic), 0.0f);
+  const float term = round_bf16_split(__fmul_rn(round_bf16_split(c), W));
+  return __hiloint2double(int(__float_as_uint(term) >> 3), 0);
+}
+
+using KeyOperands = uint32_t[2][kFp4MaxBlocks][4];  // A fragments of the warp's two key tiles
+
+// A head tile's operands for one lane: its 8 B-fragment words (b0, b1 of blocks 0 … 3) and its
+// column pair's scaled weights and signs. words, lanes: the query's, at this lane's (tile 0).
+struct TileOperands {
+  uint4 lo, hi, w;
+};
+__device__ __forceinline__ TileOperands load_tile(const uint4* words, const uint4* lanes, int nt) {
+  return {__ldg(words + nt * 64), __ldg(words + nt * 64 + 1), __ldg(lanes + nt * 4)};
+}
+
+// c = 1.5 · 2^23 + the folded dots of the warp's two key tiles with a head tile, as float bits.
+__device__ __forceinline__ void fast_products(const KeyOperands& a, const TileOperands& op, int blocks,
+                                              int (&c)[2][4]) {
+  const uint32_t b[kFp4MaxBlocks][2] = {{op.lo.x, op.lo.y}, {op.lo.z, op.lo.w}, {op.hi.x, op.hi.y}, {op.hi.z, op.hi.w}};
+#pragma unroll
+  for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) c[tile][e] = kMagicBits;
+#pragma unroll
+  for (int bl = 0; bl < kFp4MaxBlocks; ++bl) {
+    if (bl >= blocks) break;
+#pragma unroll
+    for (int tile = 0; tile < 2; ++tile) mma_i8_add(c[tile], a[tile][bl], b[bl][0], b[bl][1]);
+  }
+}
+
+// The fast path's sum for one query: the warp's key (row 8i + g of its 32) in this lane, times
+// 2^-E_k (applied by the caller). A head tile's operands are loaded two tiles ahead and its
+// products issued one tile ahead of its terms, so a warp rarely waits on either.
+__device__ inline double fast_sum(const uint4* words, const uint4* lanes, const KeyOperands& a, int tiles,
+                                  int blocks) {
+  const int lane = threadIdx.x % 32, i = lane % 4;
+  words += lane * 2;
+  lanes += i;
+  double sum[2][2] = {};  // (tile, row g + 8r): this lane's heads 2i, 2i + 1 of every 8
+  TileOperands ahead = load_tile(words, lanes, 0);
+  int c[2][4];
+  fast_products(a, ahead, blocks, c);
+  uint4 w = ahead.w;
+  if (tiles > 1) ahead = load_tile(words, lanes, 1);
+#pragma unroll 2
+  for (int nt = 0; nt < tiles; ++nt) {
+    int c_next[2][4];
+    uint4 w_next = w;
+    if (nt + 1 < tiles) {
+      fast_products(a, ahead, blocks, c_next);
+      w_next = ahead.w;
+      if (nt + 2 < tiles) ahead = load_tile(words, lanes, nt + 2);
+    }
+    const float W[2] = {__uint_as_float(w.x), __uint_as_float(w.y)};
+    const double sign[2] = {__hiloint2double(int(w.z), 0), __hiloint2double(int(w.w), 0)};
+#pragma unroll
+    for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) sum[tile][r] = __fma_rn(fast_term(c[tile][2 * r + j], W[j]), sign[j], sum[tile][r]);
+#pragma unroll
+    for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) c[tile][e] = c_next[tile][e];
+    w = w_next;
+  }
+#pragma unroll
+  for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      sum[tile][r] += __shfl_xor_sync(kFullMask, sum[tile][r], 1);
+      sum[tile][r] += __shfl_xor_sync(kFullMask, sum[tile][r], 2);
+    }
+  return i == 0 ? sum[0][0] : i == 1 ? sum[0][1] : i == 2 ? sum[1][0] : sum[1][1];
+}
+
+// The ordered path's sum for one query: the warp's key `lane` (row lane of its 32), exact as the
+// CPU's. terms: the warp's [8 · tiles][32] bf16 in shared memory; k_exp the block's key exponents.
+__device__ inline double ordered_sum(const uint4* words, const int4* q_exps, const float* w, int heads, int tiles,
+                                     int blocks, const KeyOperands& a, const int* k_exp, uint16_t* terms) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, i = lane % 4;
+  for (int nt = 0; nt < tiles; ++nt) {
+    const uint4 lo = __ldg(words + nt * 64 + lane * 2), hi = __ldg(words + nt * 64 + lane * 2 + 1);
+    const uint32_t b[kFp4MaxBlocks][2] = {{lo.x, lo.y}, {lo.z, lo.w}, {hi.x, hi.y}, {hi.z, hi.w}};
+    const int c_head = 8 * nt + 2 * i;  // this lane's columns of c: heads c_head, c_head + 1
+    const int4 qe[2] = {q_exps[c_head], q_exps[c_head + 1]};
+    double dot[2][4] = {};  // (tile, row g + 8r, head c_head + j) at [tile][2r + j]
+#pragma unroll
+    for (int bl = 0; bl < kFp4MaxBlocks; ++bl) {
+      if (bl >= blocks) break;
+      const int q_e[2] = {bl == 0 ? qe[0].x : bl == 1 ? qe[0].y : bl == 2 ? qe[0].z : qe[0].w,
+                          bl == 0 ? qe[1].x : bl == 1 ? qe[1].y : bl == 2 ? qe[1].z : qe[1].w};
+#pragma unroll
+      for (int tile = 0; tile < 2; ++tile) {
+        int c[4];
+        mma_i8<false>(c, a[tile][bl], b[bl][0], b[bl][1]);  // a 32-dim block: keys (rows) × heads, exact
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int key_e = k_exp[(kKeysPerWarp * warp + 16 * tile + g + 8 * r) * kFp4MaxBlocks + bl];
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            // The product c · 2^(e_q + e_k − 2) is exact, so one fused multiply-add rounds as the CPU's add.
+            const double scale = __hiloint2double(int(pow2_high(key_e + q_e[j], 1023 - 2)), 0);
+            dot[tile][2 * r + j] = __fma_rn(int_to_double(c[2 * r + j]), scale, dot[tile][2 * r + j]);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      if (c_head + j >= heads) continue;
+#pragma unroll
+      for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float d = round_bf16(float(dot[tile][2 * r + j]));
+          terms[(c_head + j) * kKeysPerWarp + 16 * tile + g + 8 * r] = f32_to_bf16(fmaxf(d, 0.0f) * w[c_head + j]);
+        }
+    }
+  }
+  __syncwarp();
+  double acc = 0.0;
+  for (int h = 0; h < heads; ++h) acc += double(bf16_to_f32(terms[h * kKeysPerWarp + lane]));
+  __syncwarp();  // the terms are read before the next query's are written
+  return acc;
+}
+
+// Grid (key blocks, query groups): score[t, w] for kFp4QueriesPerBlock queries t in turn and
+// kFp4KeysPerBlock keys w (see the top). q: the chunk's prepared queries, wts their weights.
+__global__ void __launch_bounds__(kFp4Threads, 4)
+    indexer_scores_fp4_kernel(Fp4Queries q, const float* wts, int64_t n_queries, int heads, RowFormat f,
+                              const float* keys, int64_t n_keys, int64_t ratio, int64_t p0, float* score) {
+  await_previous_kernel();
+  extern __shared__ uint32_t fp4_smem[];
+  const int tiles = (heads + 7) / 8, blocks = f.width / RowFormat::kFp4Block;
+  int* k_exp = reinterpret_cast<int*>(fp4_smem);  // [keys][4]
+  uint32_t* k_words = fp4_smem + kFp4KeysPerBlock * kFp4MaxBlocks;  // [keys][stride], then the warps' terms
+  const int64_t w0 = int64_t(blockIdx.x) * kFp4KeysPerBlock, t0 = int64_t(blockIdx.y) * kFp4QueriesPerBlock;
+  const int64_t t_end = t0 + kFp4QueriesPerBlock < n_queries ? t0 + kFp4QueriesPerBlock : n_queries;
+  const int64_t visible_last = visible_keys(t_end - 1, p0, ratio, n_keys);  // visibility grows with t
+  if (w0 >= visible_last) return;
+  const int n_present = int(visible_last - w0 < kFp4KeysPerBlock ? visible_last - w0 : kFp4KeysPerBlock);
+  stage_fp4_rows(keys + w0 * f.stride, f, kFp4KeysPerBlock, n_present, k_words, k_exp);
+  __syncthreads();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, i = lane % 4;
+  KeyOperands a;
+  bool keys_single = true;  // every key of the warp with one staged exponent
+  int ek_lo = INT_MAX, ek_hi = INT_MIN, ek_own = 0;  // the present keys' exponents; this lane's store row's
+#pragma unroll
+  for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = kKeysPerWarp * warp + 16 * tile + g + 8 * r;
+      const int* e = k_exp + row * kFp4MaxBlocks;
+      keys_single &= one_exponent(e);
+      if (row < n_present) ek_lo = min(ek_lo, e[0]), ek_hi = max(ek_hi, e[0]);
+      if (2 * tile + r == i) ek_own = e[0];
+#pragma unroll
+      for (int bl = 0; bl < kFp4MaxBlocks; ++bl) {
+        a[tile][bl][r] = k_words[row * kFp4WordStride + 8 * bl + i];
+        a[tile][bl][2 + r] = k_words[row * kFp4WordStride + 8 * bl + 4 + i];
+      }
+    }
+  keys_single = __all_sync(kFullMask, keys_single);
+  ek_lo = __reduce_min_sync(kFullMask, ek_lo);
+  ek_hi = __reduce_max_sync(kFullMask, ek_hi);
+  const double key_scale = __hiloint2double(int(pow2_high(ek_own, 1023)), 0);  // 2^E_k of row 8i + g
+  __syncthreads();  // every warp holds its keys: their words' space becomes the terms'
+  uint16_t* terms = reinterpret_cast<uint16_t*>(k_words) + warp * 8 * tiles * kKeysPerWarp;
+  const int64_t warp_w0 = w0 + kKeysPerWarp * warp;
+  for (int64_t t = t0; t < t_end; ++t) {
+    const int64_t visible = visible_keys(t, p0, ratio, n_keys);
+    if (warp_w0 >= visible) continue;  // (uniform over the warp)
+    const uint4* words = q.words + t * tiles * 64;
+    const int4 bounds = __ldg(q.query + t);
+    if (bounds.x && keys_single && ek_lo >= bounds.y && ek_hi <= bounds.z) {
+      const int64_t w = warp_w0 + 8 * i + g;
+      const double sum = fast_sum(words, q.lanes + t * tiles * 4, a, tiles, blocks);
+      if (w < visible) score[t * n_keys + w] = round_bf16(float(sum * key_scale));
+    } else {
+      const double sum = ordered_sum(words, q.exps + t * 8 * tiles, wts + t * heads, heads, tiles, blocks, a, k_exp,
+                                     terms);
+      if (warp_w0 + lane < visible) score[t * n_keys + warp_w0 + lane] = round_bf16(float(sum));
+    }
+  }
+}
+
+}  // namespace
+
+bool fp4_scores_apply(const RowFormat& f, int64_t dim) {
+  return f.kind == RowFormat::fp4 && dim % RowFormat::kFp4Block == 0 && dim <= kFp4MaxDim;
+}
+
+size_t fp4_queries_bytes(int64_t T, int64_t heads) {
+  const int64_t tiles = (heads + 7) / 8;
+  return size_t(T * tiles * (64 + 8 + 4) + T) * sizeof(uint4);
+}
+
+Fp4Queries prepare_fp4_queries(cudaStream_t stream, const float* q_packed, const float* wts, int64_t T, int heads,
+                               const RowFormat& f, void* buffer) {
+  const Fp4QueriesOut out = queries_in(buffer, T, heads);
+  launch(indexer_prepare_queries_kernel, unsigned(T), kFp4Threads, 0, stream, q_packed, wts, heads, f, out);
+  DSV4_CUDA_LAUNCHED("indexer_select (FP4 queries)");
+  return {out.words, out.exps, out.lanes, out.query};
+}
+
+const void* fp4_scores_kernel() { return reinterpret_cast<const void*>(indexer_scores_fp4_kernel); }
+
+// The keys' exponents, then their words, whose space the warps' terms take over once the keys are
+// in registers.
+size_t fp4_scores_smem(int heads) {
+  const size_t words = size_t(kFp4KeysPerBlock) * kFp4WordStride * 4,
+               terms = size_t(kFp4Warps) * 8 * ((heads + 7) / 8) * kKeysPerWarp * 2;
+  return size_t(kFp4KeysPerBlock) * kFp4MaxBlocks * 4 + std::max(words, terms);
+}
+
+void fp4_scores(cudaStream_t stream, const Fp4Queries& q, int64_t t0, int64_t n, const float* wts, int heads,
+                const RowFormat& f, const float* keys, int64_t n_keys, int64_t visible_max, int64_t ratio, int64_t p0,
+                float* score) {
+  const int64_t tiles = (heads + 7) / 8;
+  const Fp4Queries chunk{q.words + t0 * tiles * 64, q.exps + t0 * tiles * 8, q.lanes + t0 * tiles * 4, q.query + t0};
+  const dim3 grid(unsigned((visible_max + kFp4KeysPerBlock - 1) / kFp4KeysPerBlock),
+                  unsigned((n + kFp4QueriesPerBlock - 1) / kFp4QueriesPerBlock));
+  launch(indexer_scores_fp4_kernel, grid, kFp4Threads, fp4_scores_smem(heads), stream, chunk, wts + t0 * heads, n,
+         heads, f, keys, n_keys, ratio, p0 + t0, score);
+  DSV4_CUDA_LAUNCHED("indexer_select (FP4 scores)");
+}
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,51 @@
+// The Lightning Indexer's scores over compact (FP4) keys in deepseek numerics, on the integer
+// tensor cores (indexer.cu selects the top k from them; the method is at the top of
+// indexer_fp4.cu).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/row_format.h"
+
+namespace dsv4::cuda {
+
+// Query t of a chunk starting at position p0 sees the rows w < ⌊(p0 + t + 1) / ratio⌋ that exist.
+__device__ inline int64_t visible_keys(int64_t t, int64_t p0, int64_t ratio, int64_t n_keys) {
+  return (p0 + t + 1) / ratio < n_keys ? (p0 + t + 1) / ratio : n_keys;
+}
+
+// Whether the compact-key path scores keys of format f and width dim: FP4 rows of whole 32-blocks,
+// at most V4's index_head_dim (128) wide.
+bool fp4_scores_apply(const RowFormat& f, int64_t dim);
+
+// The queries as the scores kernel reads them, made once per call (prepare_fp4_queries): each
+// lane's tensor-core operands in its load order, the heads' block exponents, each lane's weights
+// and per query the bounds that let its terms be summed in any order (see indexer_fp4.cu).
+struct Fp4Queries {
+  const uint4* words;  // [T][head tiles][32 lanes][2]: a lane's 8 operand words, blocks 0 … 3
+  const int4* exps;    // [T][8 · head tiles]: a head's staged block exponents
+  const uint4* lanes;  // [T][head tiles][4]: per lane column pair, the scaled weights and the signs
+  const int4* query;   // [T]: fast (0/1), the least and the greatest key exponent it allows
+};
+
+// Bytes of the prepared form of T queries of `heads` heads.
+size_t fp4_queries_bytes(int64_t T, int64_t heads);
+
+// Prepares T queries (q_packed: [T, heads] rows packed in the keys' format f; wts: [T, heads]) in
+// `buffer` (fp4_queries_bytes), returning its view.
+Fp4Queries prepare_fp4_queries(cudaStream_t stream, const float* q_packed, const float* wts, int64_t T, int heads,
+                               const RowFormat& f, void* buffer);
+
+// The scores kernel and the shared memory it needs (the caller allows it once).
+const void* fp4_scores_kernel();
+size_t fp4_scores_smem(int heads);
+
+// score[t − t0, w] for the queries t0 … t0 + n − 1 of q (positions p0 + t − t0) over the keys each
+// sees (the last sees visible_max); wts as given to prepare_fp4_queries.
+void fp4_scores(cudaStream_t stream, const Fp4Queries& q, int64_t t0, int64_t n, const float* wts, int heads,
+                const RowFormat& f, const float* keys, int64_t n_keys, int64_t visible_max, int64_t ratio, int64_t p0,
+                float* score);
+
+}  // namespace dsv4::cuda
