@@ -9,16 +9,19 @@
 // so one int32 sum over the row is the dot (|c| < 128 · 96² < 2^21).
 //
 // Fast terms. When every row a warp multiplies is folded, the dot is c · 2^E with E = E_q + E_k − 2,
-// and each term can be formed without conversion instructions (Hopper issues those at a quarter of
-// the FP32 rate, and they bounded the kernel): c arrives as the float 1.5 · 2^23 + c (the sum
-// starts from that float's bits), one subtraction makes it a float; bf16 rounding is Veltkamp's
-// split (three FP32 operations); the power 2^E_k of the key is left out of the term (exact while
-// everything stays normal) and applied to the sum; the term's bits shifted right by 3 are a double
-// 2^-896 times the term, which one fused multiply-add by ±2^896 adds to the lane's sum. A lane sums
+// and the terms take few instructions, and one conversion per two (Hopper issues conversions at a
+// quarter of the FP32 rate; per-term double conversions bounded the kernel before): c arrives as
+// the float 1.5 · 2^23 + c (the sum starts from that float's bits), one subtraction makes it a
+// float; one conversion rounds two heads' dots to a bf16 pair, one bf16x2 multiply by their weights
+// gives both terms (the weights are bf16 in deepseek numerics, so the product of two 8-bit
+// significands is exact and rounding it once is the CPU's float product, then bf16); the power
+// 2^E_k of the key is left out of the term (exact while everything stays normal) and applied to
+// the sum; a term's bits, as a float's, shifted right by 3 are a double 2^-896 times the term,
+// which one fused multiply-add by ±2^896 adds to the lane's sum. A lane sums
 // its 2 of every 8 heads, then two shuffles add the 4 lanes: in another order than the CPU's, which
 // is the same sum when it is exact in double. prepare_fp4_queries bounds, per query, the exponents
 // the terms can have (the range of E_q + log2|w| over the heads, and the key exponents that keep
-// every step normal); a warp whose keys fall outside takes the ordered path.
+// every step normal) and requires bf16 weights; a warp whose keys fall outside takes the ordered path.
 //
 // Ordered terms (rows of wider exponent spreads, queries outside the bounds): one block at a time,
 // the block sums folded into double dots in block order as the CPU does; each head's bf16 term to
@@ -28,9 +31,10 @@
 // fragments), and serves kFp4QueriesPerBlock queries in turn, reading their prepared operands
 // from global memory (the L1 keeps them for the block's other warps): no barrier per query.
 //
-// Measured on an H200 (4 synthetic V4-Flash layers, 1M prompt): 23.5 ms per 2 048-query chunk
-// with the top-k (44.3 with per-head doubles and conversions, the terms staged in shared memory
-// for an ordered sum); 99.96% of warps took the fast path (a counter, not kept).
+// Measured on an H200 (4 synthetic V4-Flash layers, 1M prompt, chunks of 8 192 queries): 79.7 ms
+// per chunk with the top-k, 19.9 per 2 048 queries (44.3 with per-head doubles and conversions, the
+// terms staged in shared memory for an ordered sum); 99.96% of warps took the fast path (a counter,
+// not kept).
 #include "backend/cuda/indexer_fp4.cuh"
 
 #include <algorithm>
@@ -50,7 +54,7 @@ constexpr int kFp4MaxBlocks = kFp4MaxDim / RowFormat::kFp4Block;
 constexpr int kFp4Warps = 4;
 constexpr int kKeysPerWarp = 32;  // two 16-key tiles: each query operand serves both
 constexpr int kFp4KeysPerBlock = kKeysPerWarp * kFp4Warps;
-constexpr int kFp4QueriesPerBlock = 16;
+constexpr int kFp4QueriesPerBlock = 32;
 constexpr int kFp4Threads = 32 * kFp4Warps;
 // Int8 words (4 codes) per staged key row: the 8 rows × 4 lanes of a fragment load fall on
 // distinct banks with a stride of 4 (mod 32) words.
@@ -66,14 +70,24 @@ constexpr int kMagicBits = 0x4B400000;  // the float 1.5 · 2^23: its bits plus 
 constexpr float kMagic = 12582912.0f;
 constexpr uint32_t kPlus2p896 = 0x77F00000u, kMinus2p896 = 0xF7F00000u;  // high words of ±2^896
 
-// Block b's staged exponent (first, unbiased) and its codes' shift (second) in a row whose `blocks`
-// E8M0 exponents are `scales`; blocks past the row's width take e_min when the row is folded (their
-// codes are zero), so a folded row's staged exponents are all equal.
-__device__ inline int2 staged_exponent(const uint8_t* scales, int blocks, int b) {
-  int lo = 1 << 30, hi = -(1 << 30);
+// A row's staged block exponents (unbiased) and its codes' shifts: folded when its `blocks` E8M0
+// exponents lie within kMaxFold of their least (every block then takes e_min, blocks past the width
+// too, so a folded row's exponents are all equal), else each block its own (0 past the width).
+struct StagedRow {
+  int e[kFp4MaxBlocks], shift[kFp4MaxBlocks];
+};
+__device__ inline StagedRow staged_row(const uint8_t* scales, int blocks) {
+  int lo = INT_MAX, hi = INT_MIN;
   for (int j = 0; j < blocks; ++j) lo = min(lo, int(scales[j])), hi = max(hi, int(scales[j]));
-  const int e = b < blocks ? int(scales[b]) : lo;
-  return hi - lo <= kMaxFold ? make_int2(lo - 127, e - lo) : make_int2(b < blocks ? e - 127 : 0, 0);
+  const bool folded = hi - lo <= kMaxFold;
+  StagedRow s;
+#pragma unroll
+  for (int b = 0; b < kFp4MaxBlocks; ++b) {
+    const int e = b < blocks ? int(scales[b]) : lo;
+    s.e[b] = folded ? lo - 127 : b < blocks ? e - 127 : 0;
+    s.shift[b] = folded ? e - lo : 0;
+  }
+  return s;
 }
 
 __device__ inline const uint8_t* row_scales(const float* row, const RowFormat& f) {
@@ -122,27 +136,23 @@ __global__ void __launch_bounds__(kFp4Threads)
   if (threadIdx.x == 0) lo_q = lo_a = INT_MAX, hi_q = hi_a = INT_MIN, fast = 1;
   __syncthreads();
   uint32_t* words = reinterpret_cast<uint32_t*>(out.words + t * tiles * 64);
-  for (int i = threadIdx.x; i < rows * kFp4MaxDim / 8; i += blockDim.x) {
-    const int h = i / (kFp4MaxDim / 8), j = i % (kFp4MaxDim / 8), b = j / 4;
-    uint32_t w[2] = {0u, 0u};
-    if (h < heads) {
-      const float* row = qc + (t * heads + h) * f.stride;
-      staged_words(row, f, j, staged_exponent(row_scales(row, f), blocks, b).y, w);
-    }
-    // Word 2j + k holds dims 4(2j + k) …: in block b at r = (2j + k) mod 8, the B fragment's b0
-    // (r < 4) or b1 of lane (g = h mod 8, i = r mod 4).
-    for (int k = 0; k < 2; ++k) {
-      const int r = (2 * j + k) % 8;
-      words[((h / 8) * 32 + 4 * (h % 8) + r % 4) * 8 + 2 * b + r / 4] = w[k];
-    }
-  }
   uint32_t* lanes = reinterpret_cast<uint32_t*>(out.lanes + t * tiles * 4);
   for (int h = threadIdx.x; h < rows; h += blockDim.x) {
-    int e[kFp4MaxBlocks] = {};
+    const float* row = qc + (t * heads + h) * f.stride;
+    const StagedRow staged = h < heads ? staged_row(row_scales(row, f), blocks) : StagedRow{};
+    const int(&e)[kFp4MaxBlocks] = staged.e;
+    for (int j = 0; j < kFp4MaxDim / 8; ++j) {
+      uint32_t w[2] = {0u, 0u};
+      if (h < heads) staged_words(row, f, j, staged.shift[j / 4], w);
+      // Word 2j + k holds dims 4(2j + k) …: in block j / 4 at r = (2j + k) mod 8, the B fragment's b0
+      // (r < 4) or b1 of lane (g = h mod 8, i = r mod 4).
+      for (int k = 0; k < 2; ++k) {
+        const int r = (2 * j + k) % 8;
+        words[((h / 8) * 32 + 4 * (h % 8) + r % 4) * 8 + 2 * (j / 4) + r / 4] = w[k];
+      }
+    }
     const float w = h < heads ? wts[t * heads + h] : 0.0f;
     if (h < heads) {
-      const uint8_t* scales = row_scales(qc + (t * heads + h) * f.stride, f);
-      for (int b = 0; b < kFp4MaxBlocks; ++b) e[b] = staged_exponent(scales, blocks, b).x;
       atomicMin(&lo_q, e[0]);
       atomicMax(&hi_q, e[0]);
       if (!one_exponent(e)) fast = 0;
@@ -152,7 +162,9 @@ __global__ void __launch_bounds__(kFp4Threads)
     if (w != 0.0f) {
       atomicMin(&lo_a, a);
       atomicMax(&hi_a, a);
-      if (w_field == 0 || a < -126 || a > 88) fast = 0;  // subnormal w; a scaled weight or term not normal
+      // Subnormal w or not a bf16 (the bf16 products need it); a scaled weight not normal, or a
+      // term (≤ 2^(a + 22)) near the float range's end.
+      if (w_field == 0 || (f32_bits(w) & 0xffffu) || a < -126 || a > 88) fast = 0;
     }
     const int at = ((h / 8) * 4 + (h % 8) / 2) * 4 + h % 2;  // lane column pair (h mod 8) / 2, column h mod 2
     lanes[at] = f32_bits(w != 0.0f ? ldexpf(fabsf(w), e[0] - 2) : 0.0f);
@@ -170,23 +182,27 @@ __global__ void __launch_bounds__(kFp4Threads)
 
 // Rows of FP4 codes (f) into shared memory as int8 words and exponents, folded where kMaxFold
 // allows: row r is src + r·f.stride, present when r < n_present (else zeros, exponents 0); rows are
-// padded to kFp4WordStride words, blocks past the row's width left zero.
+// padded to kFp4WordStride words, blocks past the row's width left zero. A thread per row stages
+// its exponents and shifts, then the words go 16 threads to a row (coalesced loads).
 __device__ inline void stage_fp4_rows(const float* src, RowFormat f, int rows, int n_present, uint32_t* words,
-                                      int* exps) {
+                                      int* exps, uint8_t* shifts) {
   constexpr int kHalfWords = kFp4MaxDim / 8;  // 8 codes each; 4 per 32-block
   const int blocks = f.width / RowFormat::kFp4Block;
-  for (int i = threadIdx.x; i < rows * kHalfWords; i += blockDim.x) {
-    const int r = i / kHalfWords, j = i % kHalfWords, b = j / 4;
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) {
     const float* row = src + int64_t(r) * f.stride;
-    uint32_t w[2] = {0u, 0u};
-    int2 e = make_int2(0, 0);
-    if (r < n_present) {
-      e = staged_exponent(row_scales(row, f), blocks, b);
-      staged_words(row, f, j, e.y, w);
+    const StagedRow staged = r < n_present ? staged_row(row_scales(row, f), blocks) : StagedRow{};
+    for (int b = 0; b < kFp4MaxBlocks; ++b) {
+      exps[r * kFp4MaxBlocks + b] = staged.e[b];
+      shifts[r * kFp4MaxBlocks + b] = uint8_t(staged.shift[b]);
     }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < rows * kHalfWords; i += blockDim.x) {
+    const int r = i / kHalfWords, j = i % kHalfWords;
+    uint32_t w[2] = {0u, 0u};
+    if (r < n_present) staged_words(src + int64_t(r) * f.stride, f, j, shifts[r * kFp4MaxBlocks + j / 4], w);
     words[r * kFp4WordStride + 2 * j] = w[0];
     words[r * kFp4WordStride + 2 * j + 1] = w[1];
-    if (j % 4 == 0) exps[r * kFp4MaxBlocks + b] = e.x;
   }
 }
 
@@ -195,19 +211,16 @@ __device__ __forceinline__ double int_to_double(int i) {
   return __hiloint2double(0x43300000, i ^ int(0x80000000)) - 4503601774854144.0;  // − (2^52 + 2^31)
 }
 
-// bf16 rounding (to nearest, ties to even) of a normal float below 2^111 on the FP32 pipe:
-// Veltkamp's split at 16 bits. Checked against the integer rounding for every such float.
-__device__ __forceinline__ float round_bf16_split(float x) {
-  const float g = __fmul_rn(65537.0f, x);
-  return __fadd_rn(g, __fsub_rn(x, g));
-}
-
-// A fast term (see the top) from its dot's c as 1.5 · 2^23 + c in float bits and the head's
-// |w| · 2^(E_q − 2): bf16(bf16(relu(c)) · W) · 2^-896, as a double.
-__device__ __forceinline__ double fast_term(int c_magic, float W) {
-  const float c = fmaxf(__fsub_rn(__int_as_float(c_magic), kMagic), 0.0f);
-  const float term = round_bf16_split(__fmul_rn(round_bf16_split(c), W));
-  return __hiloint2double(int(__float_as_uint(term) >> 3), 0);
+// Two fast terms (see the top), heads 2i and 2i + 1 of one key, from their dots' c as 1.5 · 2^23 + c
+// in float bits and the heads' |w| · 2^(E_q − 2) as a bf16 pair: bf16(bf16(relu(c)) · W) · 2^-896
+// each, as doubles.
+__device__ __forceinline__ void fast_terms(int c0, int c1, uint32_t W, double& t0, double& t1) {
+  const float f0 = fmaxf(__fsub_rn(__int_as_float(c0), kMagic), 0.0f);
+  const float f1 = fmaxf(__fsub_rn(__int_as_float(c1), kMagic), 0.0f);
+  const __nv_bfloat162 weights = *reinterpret_cast<const __nv_bfloat162*>(&W);
+  const uint32_t t = bf16x2_bits(__hmul2_rn(__floats2bfloat162_rn(f0, f1), weights));  // low half: head 2i
+  t0 = __hiloint2double(int((t << 13) & 0x1fffe000u), 0);
+  t1 = __hiloint2double(int((t >> 3) & 0x1fffe000u), 0);
 }
 
 using KeyOperands = uint32_t[2][kFp4MaxBlocks][4];  // A fragments of the warp's two key tiles
@@ -260,14 +273,16 @@ __device__ inline double fast_sum(const uint4* words, const uint4* lanes, const 
       w_next = ahead.w;
       if (nt + 2 < tiles) ahead = load_tile(words, lanes, nt + 2);
     }
-    const float W[2] = {__uint_as_float(w.x), __uint_as_float(w.y)};
     const double sign[2] = {__hiloint2double(int(w.z), 0), __hiloint2double(int(w.w), 0)};
+    const uint32_t weights = __byte_perm(w.x, w.y, 0x7632);  // the two f32 weights (bf16 values) as a pair
 #pragma unroll
     for (int tile = 0; tile < 2; ++tile)
 #pragma unroll
-      for (int r = 0; r < 2; ++r)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) sum[tile][r] = __fma_rn(fast_term(c[tile][2 * r + j], W[j]), sign[j], sum[tile][r]);
+      for (int r = 0; r < 2; ++r) {
+        double t0, t1;
+        fast_terms(c[tile][2 * r], c[tile][2 * r + 1], weights, t0, t1);
+        sum[tile][r] = __fma_rn(t1, sign[1], __fma_rn(t0, sign[0], sum[tile][r]));
+      }
 #pragma unroll
     for (int tile = 0; tile < 2; ++tile)
 #pragma unroll
@@ -343,14 +358,15 @@ __global__ void __launch_bounds__(kFp4Threads, 4)
   await_previous_kernel();
   extern __shared__ uint32_t fp4_smem[];
   const int tiles = (heads + 7) / 8, blocks = f.width / RowFormat::kFp4Block;
-  int* k_exp = reinterpret_cast<int*>(fp4_smem);  // [keys][4]
-  uint32_t* k_words = fp4_smem + kFp4KeysPerBlock * kFp4MaxBlocks;  // [keys][stride], then the warps' terms
+  int* k_exp = reinterpret_cast<int*>(fp4_smem);                                      // [keys][4]
+  uint8_t* k_shift = reinterpret_cast<uint8_t*>(fp4_smem + kFp4KeysPerBlock * kFp4MaxBlocks);  // [keys][4]
+  uint32_t* k_words = fp4_smem + kFp4KeysPerBlock * kFp4MaxBlocks * 5 / 4;  // [keys][stride], then the terms
   const int64_t w0 = int64_t(blockIdx.x) * kFp4KeysPerBlock, t0 = int64_t(blockIdx.y) * kFp4QueriesPerBlock;
   const int64_t t_end = t0 + kFp4QueriesPerBlock < n_queries ? t0 + kFp4QueriesPerBlock : n_queries;
   const int64_t visible_last = visible_keys(t_end - 1, p0, ratio, n_keys);  // visibility grows with t
   if (w0 >= visible_last) return;
   const int n_present = int(visible_last - w0 < kFp4KeysPerBlock ? visible_last - w0 : kFp4KeysPerBlock);
-  stage_fp4_rows(keys + w0 * f.stride, f, kFp4KeysPerBlock, n_present, k_words, k_exp);
+  stage_fp4_rows(keys + w0 * f.stride, f, kFp4KeysPerBlock, n_present, k_words, k_exp, k_shift);
   __syncthreads();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, i = lane % 4;
@@ -417,12 +433,12 @@ Fp4Queries prepare_fp4_queries(cudaStream_t stream, const float* q_packed, const
 
 const void* fp4_scores_kernel() { return reinterpret_cast<const void*>(indexer_scores_fp4_kernel); }
 
-// The keys' exponents, then their words, whose space the warps' terms take over once the keys are
-// in registers.
+// The keys' exponents and shifts, then their words, whose space the warps' terms take over once the
+// keys are in registers.
 size_t fp4_scores_smem(int heads) {
   const size_t words = size_t(kFp4KeysPerBlock) * kFp4WordStride * 4,
                terms = size_t(kFp4Warps) * 8 * ((heads + 7) / 8) * kKeysPerWarp * 2;
-  return size_t(kFp4KeysPerBlock) * kFp4MaxBlocks * 4 + std::max(words, terms);
+  return size_t(kFp4KeysPerBlock) * kFp4MaxBlocks * 5 + std::max(words, terms);
 }
 
 void fp4_scores(cudaStream_t stream, const Fp4Queries& q, int64_t t0, int64_t n, const float* wts, int heads,

@@ -138,7 +138,8 @@ struct IndexerCase {
   bool compact = false;         // keys packed as FP4
   bool one_key = false;         // every key the same: all tie
   bool wide = false;            // some rows' 32-blocks 2^6 apart: too far to fold into one exponent
-  bool spread_weights = false;  // some queries' weights 2^24 apart: their terms too far apart to add in any order
+  bool spread_weights = false;  // some queries' weights 2^24 apart (terms too far apart to add in any
+                                // order), the others' first weight off the bf16 grid
 };
 
 TEST(CudaTwin, IndexerSelect) {
@@ -181,8 +182,8 @@ TEST(CudaTwin, IndexerSelect) {
                                            : RowFormat::plain(int32_t(c.dim));
     std::vector<float> q = random_bf16(name + ".q", size_t(c.T * c.heads * c.dim));
     std::vector<float> wts = random_bf16(name + ".wts", size_t(c.T * c.heads), 0.1f);
-    if (c.spread_weights)  // every other query's first head 2^-24 of its weight
-      for (int64_t t = 0; t < c.T; t += 2) wts[size_t(t * c.heads)] *= 0x1p-24f;
+    if (c.spread_weights)
+      for (int64_t t = 0; t < c.T; ++t) wts[size_t(t * c.heads)] *= t % 2 ? 1.0f + 0x1p-12f : 0x1p-24f;
     std::vector<float> keys = c.compact ? packed_rows(name + ".keys", key_format, std::max<int64_t>(1, n_keys))
                                         : random_bf16(name + ".keys", size_t(std::max<int64_t>(1, n_keys) * c.dim));
     const int64_t stride = key_format.stride;
