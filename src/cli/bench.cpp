@@ -445,7 +445,7 @@ const bool bench_registered = register_command({"bench", "Prefill and decode spe
                      "read per second)")
           ->capture_default_str();
       app.add_option("--chunk", o->chunk,
-                     "prefill chunk in tokens (default: the largest the memory plan allows, at most 2048 on cuda, "
+                     "prefill chunk in tokens (default: the largest the memory plan allows, at most 8192 on cuda, "
                      "512 on cpu)");
       app.add_option("--json", o->json, "append one JSON line per measurement to this file");
       app.add_flag("--profile", o->profile,

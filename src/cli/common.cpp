@@ -26,7 +26,9 @@ StateLayout state_layout_option(const std::string& option, Numerics numerics) {
   return parse_state_layout(option);
 }
 
-int64_t default_chunk(const std::string& device) { return device == "cuda" ? 2048 : 512; }
+// On an H200 (4 synthetic V4-Flash layers, deepseek-tc) 8192-token chunks against 2048: 4K prompt
+// 27 672 → 33 467 tok/s, 8K 52 607 → 54 652, 1M 27 076 → 28 835 (larger products, fewer launches).
+int64_t default_chunk(const std::string& device) { return device == "cuda" ? 8192 : 512; }
 
 std::string default_chat_model_dir() { return DSV4_CHAT_MODEL; }
 

@@ -163,7 +163,7 @@ const bool generate_registered = register_command({"generate", "Generate tokens 
       app.add_option("--state-layout", o->state_layout, kStateLayoutHelp);
       app.add_option("--device", o->device, "cpu | cuda")->capture_default_str();
       app.add_option("--chunk", o->chunk,
-                     "prefill chunk in tokens (default: the largest the memory plan allows, at most 2048 on cuda, "
+                     "prefill chunk in tokens (default: the largest the memory plan allows, at most 8192 on cuda, "
                      "512 on cpu)");
       app.add_flag("--quiet", o->quiet, "print only the timing");
       app.add_flag("--speculative", o->speculative,
