@@ -444,9 +444,7 @@ const bool bench_registered = register_command({"bench", "Prefill and decode spe
                      "sequences decoding together at each context (decode t/s counts all of them; GB/s the weights "
                      "read per second)")
           ->capture_default_str();
-      app.add_option("--chunk", o->chunk,
-                     "prefill chunk in tokens (default: the largest the memory plan allows, at most 8192 on cuda, "
-                     "512 on cpu)");
+      app.add_option("--chunk", o->chunk, chunk_help());
       app.add_option("--json", o->json, "append one JSON line per measurement to this file");
       app.add_flag("--profile", o->profile,
                    "cuda: GPU time per op class while decoding at the largest context, printed at the end (each "

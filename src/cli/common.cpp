@@ -30,6 +30,11 @@ StateLayout state_layout_option(const std::string& option, Numerics numerics) {
 // 27 672 → 33 467 tok/s, 8K 52 607 → 54 652, 1M 27 076 → 28 835 (larger products, fewer launches).
 int64_t default_chunk(const std::string& device) { return device == "cuda" ? 8192 : 512; }
 
+std::string chunk_help() {
+  return "prefill chunk in tokens (default: the largest the memory plan allows, at most " +
+         std::to_string(default_chunk("cuda")) + " on cuda, " + std::to_string(default_chunk("cpu")) + " on cpu)";
+}
+
 std::string default_chat_model_dir() { return DSV4_CHAT_MODEL; }
 
 std::string find_tokenizer(const std::string& model_dir, const std::string& explicit_path) {

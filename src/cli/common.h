@@ -27,6 +27,8 @@ StateLayout state_layout_option(const std::string& option, Numerics numerics);
 // The largest prefill chunk a device takes by default (the memory plan may choose less): on CUDA,
 // chunks of many rows run their products on the FP64 tensor cores (gemm_dmma.cu).
 int64_t default_chunk(const std::string& device);
+// The --chunk option's help, with default_chunk's figures.
+std::string chunk_help();
 inline const char* kStateLayoutHelp = "compact | f32 (default: compact in deepseek numerics, f32 in plain)";
 
 // Parses "1, 2 3" or a JSON array "[1,2,3]" into token ids; errors name the bad entry.

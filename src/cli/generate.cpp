@@ -162,9 +162,7 @@ const bool generate_registered = register_command({"generate", "Generate tokens 
       app.add_option("--numerics", o->numerics, "deepseek | plain | deepseek-tc (GPU: FP8 tensor-core prefill products)")->capture_default_str();
       app.add_option("--state-layout", o->state_layout, kStateLayoutHelp);
       app.add_option("--device", o->device, "cpu | cuda")->capture_default_str();
-      app.add_option("--chunk", o->chunk,
-                     "prefill chunk in tokens (default: the largest the memory plan allows, at most 8192 on cuda, "
-                     "512 on cpu)");
+      app.add_option("--chunk", o->chunk, chunk_help());
       app.add_flag("--quiet", o->quiet, "print only the timing");
       app.add_flag("--speculative", o->speculative,
                    "speculative decoding with the checkpoint's MTP block as the draft: the same tokens in fewer steps");
