@@ -50,9 +50,8 @@ class TensorCoreGemm;  // deepseek-tc's tensor-core products (gemm_tc.h)
 
 // The layouts in which a quantized product's activations are prepared (gemm.cu's act_quant): the
 // e4m3 values as floats; e4m3 bytes (deepseek-tc's FP8 tensor cores); integer byte planes (FP4
-// weights on the exact path); the values times their scales as bf16, exact (deepseek-tc's FP4
-// experts on the bf16 tensor cores).
-enum class QuantizedForm { values, codes, planes, scaled_bf16 };
+// weights on the exact path).
+enum class QuantizedForm { values, codes, planes };
 
 struct GemmRequest {
   LinearView W;
@@ -237,9 +236,10 @@ class CudaBackend final : public Backend {
   void few_query_attention(const AttnArgs& a, int64_t T);
   // deepseek-tc, many queries: the bf16 tensor cores (attention_tc.cu).
   void tensor_core_attention(const AttnArgs& a, int64_t T);
-  // deepseek-tc, routed FP4 experts of many rows: the bf16 tensor cores (gemm_experts_tc.cu), from
-  // the activations in QuantizedForm::scaled_bf16 (rows of r.W.in); scratch holds the grouping.
-  void tensor_core_experts(const GemmRequest& r, const __nv_bfloat16* x, int32_t* scratch);
+  // deepseek-tc, routed FP4 experts of many rows: the FP8 tensor cores (gemm_experts_tc.cu), from
+  // the activations in QuantizedForm::codes (rows of r.W.in bytes, scales sx [K/128][rows]);
+  // scratch holds the grouping.
+  void tensor_core_experts(const GemmRequest& r, const uint8_t* x, const float* sx, int32_t* scratch);
 
   // ---- shared GEMM entry (gemm.cu), used by linear, hc and moe ----
   void gemm(const GemmRequest& r);

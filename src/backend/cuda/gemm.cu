@@ -76,8 +76,8 @@ __host__ __device__ constexpr int chunk_elems(int format) {
 // (rows, K blocks / kQuantWarps). The e4m3 values go to `out` in `form` (QuantizedForm): as floats;
 // as e4m3 bytes (the FP8 tensor cores' operand, deepseek-tc); for FP4 weights as the integers
 // k = x · 2^9 in three byte planes per group of 4 (see the top; plane_words per row, K padded with
-// zeros to whole 32-tiles); or times their scales as bf16 (deepseek-tc's experts). The scales go
-// to sx: per row, [rows][K/128]; for the FP8 tensor cores per K block, [K/128][rows] (their layout).
+// zeros to whole 32-tiles). The scales go to sx: per row, [rows][K/128]; for the FP8 tensor cores
+// per K block, [K/128][rows] (their layout).
 constexpr int kQuantWarps = 8;
 __global__ void act_quant_kernel(const float* x, int64_t x_stride, int64_t K, int64_t n_k128, QuantizedForm form,
                                  void* out, int64_t plane_words, float* sx) {
@@ -117,15 +117,6 @@ __global__ void act_quant_kernel(const float* x, int64_t x_stride, int64_t K, in
       if (whole) *reinterpret_cast<float4*>(o) = make_float4(q[0], q[1], q[2], q[3]);
       else
         for (int i = 0; i < 4 && k + i < K; ++i) o[i] = q[i];
-      return;
-    }
-    case QuantizedForm::scaled_bf16: {  // exact: an e4m3 value times a power of two
-      __nv_bfloat16* o = static_cast<__nv_bfloat16*>(out) + m * K + k;
-      if (whole)
-        *reinterpret_cast<uint2*>(o) = make_uint2(bf16x2_bits(ldexpf(q[0], e), ldexpf(q[1], e)),
-                                                  bf16x2_bits(ldexpf(q[2], e), ldexpf(q[3], e)));
-      else
-        for (int i = 0; i < 4 && k + i < K; ++i) o[i] = __float2bfloat16_rn(ldexpf(q[i], e));
       return;
     }
     case QuantizedForm::planes: {  // the lane's 4 values are one group: byte p of each, in plane p
@@ -586,8 +577,8 @@ void CudaBackend::gemm(const GemmRequest& r) {
     tensor_cores_->run_bf16(r, stream_);
     return;
   }
-  // deepseek-tc: the routed FP4 experts of many rows on the bf16 tensor cores, from the activations
-  // as bf16 (gemm_experts_tc.cu).
+  // deepseek-tc: the routed FP4 experts of many rows on the FP8 tensor cores, from the activations'
+  // e4m3 codes (gemm_experts_tc.cu).
   const bool tc_experts = numerics() == Numerics::deepseek_tc && tiled && dmma && fits_tensor_core_experts(r);
   const bool round_out = deepseek() && r.compute != Compute::f32;
   const int64_t n_src = (r.T + r.x_div - 1) / r.x_div, n_k128 = (K + 127) / 128;
@@ -596,15 +587,13 @@ void CudaBackend::gemm(const GemmRequest& r) {
   // the tensor-core kernels (int32, as wide as a float). FP4 weights on the exact paths read the
   // activations as integer byte planes (see the top), on either kernel.
   const bool planes = tiled && W.format == kFp4 && !tc_experts;
-  const QuantizedForm form = planes         ? QuantizedForm::planes
-                             : tensor_cores ? QuantizedForm::codes
-                             : tc_experts   ? QuantizedForm::scaled_bf16
-                                            : QuantizedForm::values;
+  const QuantizedForm form = planes                       ? QuantizedForm::planes
+                             : tensor_cores || tc_experts ? QuantizedForm::codes
+                                                          : QuantizedForm::values;
   const int64_t plane_words = planes ? (K + 31) / 32 * 24 : 0;
   const int64_t row_floats = planes ? plane_words
-                             : form == QuantizedForm::codes       ? (K + 3) / 4  // 4 bytes a float
-                             : form == QuantizedForm::scaled_bf16 ? (K + 1) / 2
-                                                                  : K;
+                             : form == QuantizedForm::codes ? (K + 3) / 4  // 4 bytes a float
+                                                            : K;
   const size_t n_qx = tiled ? (size_t(n_src * row_floats) + 3) / 4 * 4 : 0;  // scales 16-byte aligned
   const size_t n_sx = tiled ? size_t(n_src * n_k128) : 0;
   const size_t n_grouping = dmma && !tensor_cores ? size_t(dmma_scratch_ints(r, tiled, sm_count_)) : 0;
@@ -645,7 +634,8 @@ void CudaBackend::gemm(const GemmRequest& r) {
     return;
   }
   if (tc_experts) {
-    tensor_core_experts(r, reinterpret_cast<const __nv_bfloat16*>(scratch), reinterpret_cast<int32_t*>(scratch + n_qx + n_sx));
+    tensor_core_experts(r, reinterpret_cast<const uint8_t*>(scratch), scratch + n_qx,
+                        reinterpret_cast<int32_t*>(scratch + n_qx + n_sx));
     return;
   }
   if (tiled) prepared.x = scratch, prepared.x_stride = planes ? plane_words : K, sx = scratch + n_qx;

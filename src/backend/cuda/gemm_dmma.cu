@@ -57,14 +57,14 @@ __global__ void count_rows_kernel(const int32_t* view_of_row, int64_t T, int64_t
     atomicAdd(&g.counts[group_of(view_of_row, m, n_views)], 1);
 }
 
-// One thread: the groups are few (the experts of a layer), the tiles at most T/64 + groups.
+// One thread: the groups are few (the experts of a layer), the tiles at most T/tile_rows + groups.
 __global__ void plan_tiles_kernel(int64_t n_views, Grouping g) {
   await_previous_kernel();
   int64_t tile = 0, start = 0;
   for (int64_t v = 0; v <= n_views; ++v) {
     g.offsets[v] = int32_t(start);
     g.cursor[v] = int32_t(start);
-    for (int64_t r = 0; r < g.counts[v]; r += kBM, ++tile) {
+    for (int64_t r = 0; r < g.counts[v]; r += g.tile_rows, ++tile) {
       g.tile_group[tile] = int32_t(v);
       g.tile_row0[tile] = int32_t(start + r);
     }
@@ -418,24 +418,26 @@ __global__ void __launch_bounds__(kThreads, 3) imma_fp4_kernel(DmmaArgs args, Gr
 }  // namespace
 
 // Token-row tiles of the grid: with a table each group's last tile may be partial.
-int64_t row_tile_count(const GemmRequest& r) { return (r.T + kBM - 1) / kBM + (r.table ? r.n_views + 1 : 0); }
+int64_t row_tile_count(const GemmRequest& r, int tile_rows) {
+  return (r.T + tile_rows - 1) / tile_rows + (r.table ? r.n_views + 1 : 0);
+}
 
 // Lays the grouping's arrays out one after another from `scratch` (nullptr: only sizes them) and
 // returns the int32 elements they take.
-int64_t lay_out_grouping(const GemmRequest& r, int32_t* scratch, Grouping& g) {
-  const int64_t groups = r.n_views + 1, tiles = row_tile_count(r);
+int64_t lay_out_grouping(const GemmRequest& r, int32_t* scratch, Grouping& g, int tile_rows) {
+  const int64_t groups = r.n_views + 1, tiles = row_tile_count(r, tile_rows);
   int64_t used = 0;
   auto take = [&](int64_t n) {
     int32_t* p = scratch ? scratch + used : nullptr;
     used += n;
     return p;
   };
-  g = {take(groups), take(groups + 1), take(groups), take(r.T), take(tiles), take(tiles), tiles};
+  g = {take(groups), take(groups + 1), take(groups), take(r.T), take(tiles), take(tiles), tiles, tile_rows};
   return used;
 }
 
-void group_rows(const GemmRequest& r, int32_t* scratch, Grouping& g, cudaStream_t stream) {
-  lay_out_grouping(r, scratch, g);
+void group_rows(const GemmRequest& r, int32_t* scratch, Grouping& g, cudaStream_t stream, int tile_rows) {
+  lay_out_grouping(r, scratch, g, tile_rows);
   DSV4_CUDA_CHECK(cudaMemsetAsync(g.counts, 0, size_t(r.n_views + 1) * sizeof(int32_t), stream));
   const unsigned blocks = unsigned(std::min<int64_t>((r.T + 255) / 256, 1024));
   launch(count_rows_kernel, blocks, 256, 0, stream, r.view_of_row, r.T, r.n_views, g);

@@ -1,23 +1,25 @@
-// deepseek-tc's routed FP4 experts on the bf16 tensor cores (gemm_experts_tc.h).
+// deepseek-tc's routed FP4 experts on the FP8 tensor cores (gemm_experts_tc.h), Hopper's wgmma.
 //
-// The rows are grouped by expert (row_grouping.cuh) and each block takes 64 rows of one expert
-// against 256 of its output rows, so an expert's weights are read once per 64 tokens, as stored
-// (FP4 nibbles and their E8M0 1×32 scales). Every operand is exact in bf16: an activation is its
-// e4m3 value times its row's 1×128 scale (act_quant writes it so, QuantizedForm::scaled_bf16), a
-// weight its e2m1 value times its 1×32 scale (powers of two), so the products are the exact
-// path's; only the sum differs, accumulated in fp32 over the whole K on the tensor cores
-// (mma.m16n8k16) where the exact path folds each 32-block's exact integer sum into fp32 in K order.
+// The rows are grouped by expert (row_grouping.cuh, tiles of 128) and each block takes 128 rows of
+// one expert against 128 of its output rows, so an expert's weights are read once per 128 tokens,
+// as stored (FP4 nibbles and their E8M0 1×32 scales). The activations are act_quant's e4m3 codes
+// (QuantizedForm::codes) with their 1×128 scales. The weights become e5m2 in shared memory, exact:
+// an e2m1 value times 2^t is an e5m2 value for every t in [−13, 13] (e5m2 spans 2^-14 … 57 344 with
+// normals, and e2m1 has one mantissa bit to e5m2's two). So each weight row takes one common
+// exponent R (its largest 1×32 scale over K, less 13) and each of its 32-blocks becomes e2m1 · 2^t
+// with t = its scale − R; a block more than 2^26 below the row's largest is dropped (its products
+// are below 2^-26 of the row's others: the approximation this numerics allows). The tensor cores
+// then multiply e4m3 by e5m2 exactly and accumulate over one 128-block of K (four wgmma k32 steps,
+// in their own reduced-precision fp32), and the partial is scaled by the row's activation scale
+// and added to an fp32 accumulator on the CUDA cores, one 128-block at a time (the official
+// kernels' promotion, architecture.md §5); the result times 2^R is rounded to bf16.
 //
-// K steps of 128. A step's activations (bf16), raw weight bytes and weight scales reach shared
-// memory kStages − 1 steps ahead (cp.async; the scales through a register, as bf16, converted once
-// per row instead of once per lane that reads them), one barrier per step.
-// Each warp takes all 64 rows against 32 output rows and turns its own weights into mma operands
-// in registers: a lane reads its column's 16-byte chunk (32 codes, one scale block), picks the 4
-// bytes its fragments hold, and makes each code a bf16 from byte tables (its high and low bytes by
-// magnitude, the sign from its top bit) times the block's scale. So each weight is converted once
-// per block and read from shared memory as its 4 bits, not as a bf16 (the activations' ldmatrix
-// is then most of the shared-memory traffic).
-#include <cuda_bf16.h>
+// Per K block: the activations (16 KB, 128-byte rows swizzled as wgmma reads them), the raw weight
+// bytes (8 KB) and the activation scales reach shared memory kStages − 1 blocks ahead (cp.async).
+// While one block's products run on the tensor cores, every thread turns its share of the next
+// block's weights into e5m2 (two 32-blocks: byte permutes from a table per block, 11 instructions
+// per 8 weights) into the other of two B buffers. Two warpgroups, one per 64 rows, share each B.
+#include <cuda_runtime.h>
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/device_math.cuh"
@@ -26,167 +28,258 @@
 #include "backend/cuda/row_grouping.cuh"
 #include "backend/cuda/weight_access.cuh"
 
+// wgmma exists on sm_90a alone; elsewhere (the sm_80 PTX) the kernel is empty and never chosen.
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define DSV4_WGMMA 1
+#endif
+
 namespace dsv4::cuda {
 
 namespace {
 
-constexpr int kRows = kGroupTileRows, kCols = 256, kStep = 128, kStages = 3, kThreads = 256;
-constexpr int kPitch = kStep + 8;    // bf16 per staged activation row (272 B): ldmatrix's 8 rows on distinct banks
-constexpr int kRawRow = kStep / 2;   // bytes of a weight row per step: 4 chunks of 32 codes, one scale block each
-constexpr int kChunkCodes = 32;
-constexpr size_t kActBytes = size_t(kStages) * kRows * kPitch * 2, kRawBytes = size_t(kStages) * kCols * kRawRow,
-                 kScaleBytes = size_t(kStages) * kCols * 8;
-constexpr size_t kSmemBytes = kActBytes + kRawBytes + kScaleBytes;  // 107 520: two blocks per SM
-// The copies' shares (see the kernel): a thread per weight row, 4 chunks of a step per
-// activation row's 16, a step's 4 scale blocks in one word of E8M0 bytes (two of bf16).
-static_assert(kThreads == kCols && kRows * 16 == 4 * kThreads && kStep == 4 * kChunkCodes);
+constexpr int kBM = 128, kBN = 128, kBK = 128, kStages = 4, kThreads = 256;
+constexpr int kSubBlocks = kBK / 32;  // FP4 scale blocks per K block
+constexpr int kTopShift = 13;         // 6 · 2^13 is below e5m2's largest, 57 344; 0.5 · 2^-13 its smallest normal
+constexpr int kABytes = kBM * kBK, kBBytes = kBN * kBK, kRawBytes = kBN * kBK / 2;
+// Shared memory from a 1024-byte boundary (the swizzle's period): the stages' activations, the two
+// B buffers, the stages' raw weights and activation scales, then per output row its scales (by
+// block, [K/32][kBN]) and its 2^R.
+constexpr size_t kAOff = 0, kBOff = kAOff + size_t(kStages) * kABytes, kRawOff = kBOff + 2 * size_t(kBBytes),
+                 kSxOff = kRawOff + size_t(kStages) * kRawBytes, kRowScaleOff = kSxOff + size_t(kStages) * kBM * 4,
+                 kScalesOff = kRowScaleOff + kBN * 4;
+size_t smem_bytes(int64_t K) { return 1024 + kScalesOff + size_t((K + 31) / 32) * kBN; }
 
-// Where chunk c of weight row r sits in its 64 bytes: the 8 rows a warp's lanes read at once
-// (one chunk each) land on distinct banks.
-__device__ __forceinline__ int chunk_at(int r, int c) { return c ^ ((r >> 1) & 3); }
+// Byte offset of 16-byte chunk c of row r in a tile of 128-byte rows, as wgmma's 128-byte swizzle
+// reads it: the chunks of each row permuted by the row's index mod 8.
+__device__ __forceinline__ int swizzled(int r, int c) { return r * 128 + 16 * (c ^ (r & 7)); }
+// Where chunk c of raw weight row r sits in its 64 bytes: the 8 rows a quarter-warp reads at once
+// land on distinct banks.
+__device__ __forceinline__ int raw_chunk(int r, int c) { return r * 64 + 16 * (c ^ ((r >> 1) & 3)); }
 
-// Four e2m1 codes (the low 16 bits, the first in the low nibble) as four bf16, two per word.
-__device__ inline uint2 e2m1x4_bf16(uint32_t n) {
-  // bf16 of the magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6: high bytes, then low bytes, by code 0–7.
-  constexpr uint32_t kHi0 = 0x3F3F3F00u, kHi1 = 0x40404040u, kLo0 = 0xC0800000u, kLo1 = 0xC0804000u;
-  const uint32_t magnitude = n & 0x7777u;
-  const uint32_t hi_pos = __byte_perm(kHi0, kHi1, magnitude),
-                 hi_neg = __byte_perm(kHi0 | 0x80808080u, kHi1 | 0x80808080u, magnitude);
-  const uint32_t hi = __byte_perm(hi_pos, hi_neg, 0x3210u | ((n >> 1) & 0x4444u));  // negative codes' bytes
-  const uint32_t lo = __byte_perm(kLo0, kLo1, magnitude);
-  return make_uint2(__byte_perm(lo, hi, 0x5140u), __byte_perm(lo, hi, 0x7362u));
+__device__ __forceinline__ uint32_t permute(uint32_t a, uint32_t b, uint32_t selector) {
+  uint32_t d;  // prmt's own semantics: a selector nibble's top bit replicates the picked byte's sign
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(selector));
+  return d;
 }
 
-__device__ __forceinline__ uint32_t scaled(uint32_t pair, __nv_bfloat162 scale) {  // exact: a power of two
-  return bf16x2_bits(__hmul2(*reinterpret_cast<const __nv_bfloat162*>(&pair), scale));
+// The e5m2 codes of the e2m1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 times 2^t, by byte (codes 0–3,
+// 4–7): exponents shifted by t, zero stays zero; all zeros for t below −kTopShift (dropped).
+__device__ __forceinline__ uint2 e5m2_table(int t) {
+  if (t < -kTopShift) return make_uint2(0, 0);
+  return make_uint2(0x3E3C3800u + uint32_t(t) * 0x04040400u, 0x46444240u + uint32_t(t) * 0x04040404u);
 }
 
-// x: the activations as bf16, rows of K.
-__global__ void __launch_bounds__(kThreads, 2) experts_tc_kernel(GemmRequest p, const __nv_bfloat16* x, Grouping g) {
+// Eight e2m1 codes (the first in the low nibble) as eight e5m2 bytes by `table`.
+__device__ __forceinline__ uint2 e2m1x8_e5m2(uint32_t w, uint2 table) {
+  const uint32_t magnitude = w & 0x77777777u;
+  const uint32_t lo = permute(table.x, table.y, magnitude), hi = permute(table.x, table.y, magnitude >> 16);
+  // 0x01 per positive code, 0x00 per negative one (its selector's top bit replicates 0x01's sign)
+  const uint32_t lo_pos = permute(0x01010101u, 0x01010101u, w), hi_pos = permute(0x01010101u, 0x01010101u, w >> 16);
+  return make_uint2(lo | (~(lo_pos << 7) & 0x80808080u), hi | (~(hi_pos << 7) & 0x80808080u));
+}
+
+#ifdef DSV4_WGMMA
+// A K-major operand tile of 128-byte rows under the 128-byte swizzle: 8-row groups 1024 bytes apart.
+__device__ __forceinline__ uint64_t tile_descriptor(const void* tile) {
+  const uint32_t at = static_cast<uint32_t>(__cvta_generic_to_shared(tile));
+  return uint64_t((at & 0x3FFFF) >> 4) | uint64_t(1) << 16 | uint64_t(1024 >> 4) << 32 | uint64_t(1) << 62;
+}
+
+// d (+)= A · Bᵀ over 32 of K: A 64 rows of e4m3, B 128 rows of e5m2; d = A · Bᵀ when !accumulate.
+template <bool kAccumulate>
+__device__ __forceinline__ void wgmma_k32(float (&d)[64], uint64_t a, uint64_t b) {
+#define DSV4_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e5m2 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
+      "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "
+      "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1;\n}\n"
+      : DSV4_D8(0), DSV4_D8(8), DSV4_D8(16), DSV4_D8(24), DSV4_D8(32), DSV4_D8(40), DSV4_D8(48), DSV4_D8(56)
+      : "l"(a), "l"(b), "n"(kAccumulate ? 1 : 0));
+#undef DSV4_D8
+}
+
+// The products' register hand-over: before a wgmma, every earlier access of its accumulators is
+// done; after the wait, reads of them come after it (the empty asm ties each register to the wait).
+__device__ __forceinline__ void wgmma_begin() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_finish(float (&d)[64]) {
+  asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// Shared memory written by this thread (stores, or cp.async copies it has awaited) is ordered before
+// the tensor cores' reads of it that a following barrier lets start.
+__device__ __forceinline__ void fence_for_tensor_cores() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+#endif
+
+// x: the activations' e4m3 codes, rows of K; sx: their scales [K/128][source rows].
+__global__ void __launch_bounds__(kThreads, 1)
+    experts_fp8_kernel(GemmRequest p, const uint8_t* x, const float* sx, Grouping g) {
+#ifdef DSV4_WGMMA
   await_previous_kernel();
-  extern __shared__ __align__(16) unsigned char smem[];
-  __nv_bfloat16* act = reinterpret_cast<__nv_bfloat16*>(smem);  // [kStages][kRows][kPitch]
-  uint8_t* raw = smem + kActBytes;                               // [kStages][kCols][kRawRow], chunks by chunk_at
-  uint2* scales = reinterpret_cast<uint2*>(raw + kRawBytes);  // [kStages][kCols]: a row's 4 scales of a step, bf16
-  __shared__ int64_t src_of[kRows], out_of[kRows];
+  extern __shared__ unsigned char smem_base[];
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem_base));
+  unsigned char* smem = smem_base + (1024 - base % 1024) % 1024;
+  float* sx_s = reinterpret_cast<float*>(smem + kSxOff);        // [kStages][kBM]
+  float* row_scale = reinterpret_cast<float*>(smem + kRowScaleOff);  // [kBN]: 2^R of each output row
+  uint8_t* scales = smem + kScalesOff;                           // [K/32][kBN]: E8M0 bytes
+  __shared__ int64_t src_of[kBM], out_of[kBM];
+  __shared__ int row_shift[2][kBN];  // each half's largest scale byte, then R's byte
   LinearView W;
-  if (!tile_rows(p, g, kCols, src_of, out_of, W)) return;
-  const int64_t n0 = int64_t(blockIdx.x) * kCols, K = p.W.in, nb = K / 2, n_steps = (K + kStep - 1) / kStep;
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  if (!tile_rows<kBM>(p, g, kBN, src_of, out_of, W)) return;
+  const int64_t n0 = int64_t(blockIdx.x) * kBN, K = p.W.in, n_src = (p.T + p.x_div - 1) / p.x_div;
+  const int n_kb = int((K + kBK - 1) / kBK), n_sub = int(K / 32);
+  const int tid = threadIdx.x, lane = tid % 32, wg = tid / 128;
 
-  // Thread tid copies chunk tid % 16 (8 bf16) of activation rows tid / 16 + 16j, chunk tid % 4 of
-  // weight rows tid / 4 + 64h, and the scales of weight row tid.
-  const int64_t n_own = n0 + tid;
-  // Scale rows of whole words are read a word per step (device scales start 256-byte aligned).
-  const bool own_ok = n_own < p.rows, whole_words = W.scale_cols % 4 == 0;
-  const uint8_t* own_scales = scale_row<kFp4>(W, own_ok ? p.row0 + n_own : 0);
-  auto issue = [&](int64_t step) {
-    const int slot = int(step % kStages);
-    const int64_t k0 = step * kStep;
+  // Thread (row tid % kBN, half tid / kBN) reads that half of the row's scale bytes and keeps their
+  // largest; R is the larger half's, less kTopShift.
+  {
+    const int r = tid % kBN, half = tid / kBN;
+    const int64_t n = n0 + r;
+    const uint8_t* row = scale_row<kFp4>(W, n < p.rows ? p.row0 + n : 0);
+    int top = 0;
+    for (int j = half; j < n_sub; j += 2) {
+      const int s = n < p.rows && j < W.scale_cols ? row[j] : 0;
+      scales[j * kBN + r] = uint8_t(s);
+      top = max(top, s);
+    }
+    row_shift[half][r] = top;
+    __syncthreads();
+    if (half == 0) {
+      const int R = max(row_shift[0][r], row_shift[1][r]) - kTopShift;
+      row_shift[0][r] = R;
+      row_scale[r] = ldexpf(1.0f, R - 127);
+    }
+  }
+
+  // Per K block: thread tid copies chunk tid % 8 of activation rows tid / 8 + 32i, chunk tid % 4 of
+  // raw weight rows tid / 4 + 64h, and (below kBM) the scale of activation row tid.
+  auto issue = [&](int kb) {
+    const int slot = kb % kStages;
+    const int64_t k0 = int64_t(kb) * kBK;
+    unsigned char* A = smem + kAOff + slot * kABytes;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int r = tid / 16 + 16 * j, c = tid % 16;
-      const int64_t src = src_of[r], k = k0 + 8 * c;
+    for (int i = 0; i < 4; ++i) {
+      const int r = tid / 8 + 32 * i, c = tid % 8;
+      const int64_t src = src_of[r], k = k0 + 16 * c;
       const bool ok = src >= 0 && k < K;
-      copy_async_16(act + (slot * kRows + r) * kPitch + 8 * c, x + (ok ? src * K + k : 0), ok);
+      copy_async_16(A + swizzled(r, c), x + (ok ? src * K + k : 0), ok);
     }
+    unsigned char* raw = smem + kRawOff + slot * kRawBytes;
 #pragma unroll
-    for (int h = 0; h < 4; ++h) {
+    for (int h = 0; h < 2; ++h) {
       const int r = tid / 4 + 64 * h, c = tid % 4;
-      const int64_t n = n0 + r, k = k0 + kChunkCodes * c;
+      const int64_t n = n0 + r, k = k0 + 32 * c;
       const bool ok = n < p.rows && k < K;
-      copy_async_16(raw + (slot * kCols + r) * kRawRow + 16 * chunk_at(r, c), W.data + (ok ? (p.row0 + n) * nb + k / 2 : 0),
-                    ok);
+      copy_async_16(raw + raw_chunk(r, c), W.data + (ok ? (p.row0 + n) * (K / 2) + k / 2 : 0), ok);
+    }
+    if (tid < kBM) {
+      float* to = sx_s + slot * kBM + tid;
+      if (src_of[tid] >= 0) copy_async_small<4>(to, sx + int64_t(kb) * n_src + src_of[tid]);
+      else *to = 0.0f;
     }
   };
-  auto scales_of = [&](int64_t step) {  // the E8M0 bytes of row n_own's 4 blocks in a step (byte 0 past K)
-    const int64_t b0 = step * (kStep / kChunkCodes);
-    if (!own_ok) return 0u;
-    if (whole_words) return *reinterpret_cast<const uint32_t*>(own_scales + b0);
-    uint32_t v = 0;
+  // Thread (row tid % kBN, half tid / kBN) turns that half of the row's raw block kb into e5m2.
+  auto convert = [&](int kb) {
+    const int r = tid % kBN, half = tid / kBN;
+    const unsigned char* raw = smem + kRawOff + (kb % kStages) * kRawBytes;
+    unsigned char* B = smem + kBOff + (kb % 2) * kBBytes;
 #pragma unroll
-    for (int b = 0; b < 4; ++b)
-      if (b0 + b < W.scale_cols) v |= uint32_t(own_scales[b0 + b]) << (8 * b);
-    return v;
-  };
-  auto as_bf16 = [](uint32_t e8m0x4) {  // exact: a power of two, 2^-127 a bf16 subnormal
-    uint32_t bf16[4];
-#pragma unroll
-    for (int b = 0; b < 4; ++b) bf16[b] = f32_to_bf16(e8m0_to_f32(uint8_t(e8m0x4 >> (8 * b))));
-    return make_uint2(bf16[0] | bf16[1] << 16, bf16[2] | bf16[3] << 16);
+    for (int i = 0; i < 2; ++i) {
+      const int c = 2 * half + i, j = kb * kSubBlocks + c;
+      const uint4 w = *reinterpret_cast<const uint4*>(raw + raw_chunk(r, c));
+      const uint2 table = e5m2_table(j < n_sub ? int(scales[j * kBN + r]) - row_shift[0][r] : -kTopShift - 1);
+      const uint2 a = e2m1x8_e5m2(w.x, table), b = e2m1x8_e5m2(w.y, table), e = e2m1x8_e5m2(w.z, table),
+                  f = e2m1x8_e5m2(w.w, table);
+      *reinterpret_cast<uint4*>(B + swizzled(r, 2 * c)) = make_uint4(a.x, a.y, b.x, b.y);
+      *reinterpret_cast<uint4*>(B + swizzled(r, 2 * c + 1)) = make_uint4(e.x, e.y, f.x, f.y);
+    }
   };
 
-  const int wn = warp * 32, fg = lane / 4, ft = lane % 4;
-  const uint32_t pick = uint32_t(ft) | uint32_t(ft + 4) << 4;  // byte ft of two words
-  const int a_off = (lane % 16) * kPitch + (lane / 16) * 8;
-  float acc[4][4][4] = {};  // [16-row tile][8-column tile][element of the mma's c]
+  // Rows fill a tile from its start: a warpgroup whose first row is empty has none.
+  const bool live = src_of[64 * wg] >= 0;
+  const int row0 = 64 * wg + 16 * ((tid % 128) / 32) + lane / 4;  // this thread's rows: row0, row0 + 8
+  float acc[64] = {}, part[64];
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < n_steps) issue(s), scales[s * kCols + tid] = as_bf16(scales_of(s));
-    commit_async_copies();  // (empty groups keep the count per step uniform)
+    if (s < n_kb) issue(s);
+    commit_async_copies();  // (empty groups keep the count per block uniform)
   }
-  for (int64_t step = 0; step < n_steps; ++step) {
-    await_async_copies<kStages - 2>();  // this step's copies, this thread's
-    __syncthreads();  // everyone's; and every warp is done with the slot the step ahead takes
-    const int64_t ahead = step + kStages - 1;
-    if (ahead < n_steps) issue(ahead);
+  await_async_copies<kStages - 2>();
+  __syncthreads();
+  convert(0);
+  fence_for_tensor_cores();
+  __syncthreads();
+  for (int kb = 0; kb < n_kb; ++kb) {
+    const int slot = kb % kStages;
+    {
+      const uint64_t a = tile_descriptor(smem + kAOff + slot * kABytes + 64 * wg * 128),
+                     b = tile_descriptor(smem + kBOff + (kb % 2) * kBBytes);
+      wgmma_begin();
+      wgmma_k32<false>(part, a, b);
+#pragma unroll
+      for (int q = 1; q < kBK / 32; ++q) wgmma_k32<true>(part, a + 2 * q, b + 2 * q);  // 32 bytes on, in 16s
+    }
+    if (kb + kStages - 1 < n_kb) issue(kb + kStages - 1);  // into the slot block kb − 1 left
     commit_async_copies();
-    const uint32_t ahead_scales = ahead < n_steps ? scales_of(ahead) : 0u;  // stored after the products
-
-    const int slot = int(step % kStages);
-    const __nv_bfloat16* A = act + slot * kRows * kPitch + a_off;
-    const uint8_t* Wr = raw + slot * kCols * kRawRow;
-    const uint32_t* S = reinterpret_cast<const uint32_t*>(scales + slot * kCols + wn + fg);
-    uint32_t sc[4];  // the scales of this lane's column in each 8-column tile: two blocks' bf16
+    await_async_copies<kStages - 2>();  // block kb + 1's copies, this thread's
+    fence_for_tensor_cores();
+    __syncthreads();  // everyone's
+    if (kb + 1 < n_kb) convert(kb + 1);
+    fence_for_tensor_cores();
+    {
+      wgmma_finish(part);
+      const float s0 = sx_s[slot * kBM + row0], s1 = sx_s[slot * kBM + row0 + 8];
 #pragma unroll
-    for (int q = 0; q < kStep / kChunkCodes; ++q) {
-      if (q % 2 == 0)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) sc[j] = S[2 * 8 * j + q / 2];
-      uint32_t b[4][4];  // [8-column tile][b0, b1 of the first 16 codes, of the second]
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int r = wn + 8 * j + fg;
-        const uint4 w = *reinterpret_cast<const uint4*>(Wr + r * kRawRow + 16 * chunk_at(r, q));
-        // byte ft of each word: codes 2ft, 2ft + 1 of each 8 (the fragments' k pairs), in k order
-        const uint32_t bytes = __byte_perm(__byte_perm(w.x, w.y, pick), __byte_perm(w.z, w.w, pick), 0x5410u);
-        const uint32_t pair = __byte_perm(sc[j], 0, q % 2 ? 0x3232u : 0x1010u);  // the block's bf16, twice
-        const __nv_bfloat162 s = *reinterpret_cast<const __nv_bfloat162*>(&pair);
-        const uint2 lo = e2m1x4_bf16(bytes), hi = e2m1x4_bf16(bytes >> 16);
-        b[j][0] = scaled(lo.x, s), b[j][1] = scaled(lo.y, s), b[j][2] = scaled(hi.x, s), b[j][3] = scaled(hi.y, s);
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        uint32_t a[4][4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) load_matrices<false>(a[i], A + 16 * i * kPitch + kChunkCodes * q + 16 * h);
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) mma_bf16(acc[i][j], a[i], b[j][2 * h], b[j][2 * h + 1]);
+      for (int i = 0; i < 64; i += 4) {
+        acc[i] += s0 * part[i], acc[i + 1] += s0 * part[i + 1];
+        acc[i + 2] += s1 * part[i + 2], acc[i + 3] += s1 * part[i + 3];
       }
     }
-    if (ahead < n_steps) scales[int(ahead % kStages) * kCols + tid] = as_bf16(ahead_scales);
+    __syncthreads();  // block kb + 1's B is whole; block kb's slot and B are free
   }
-  store_warp_tile(p, out_of, acc, 0, n0 + wn);
+  if (!live) return;
+  // acc[4j + e]: row row0 (+8 for e ≥ 2), column 8j + 2·(lane % 4) (+1 for odd e).
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    const int64_t m = out_of[row0 + (i % 4 >= 2 ? 8 : 0)];
+    const int col = 8 * (i / 4) + 2 * (lane % 4) + (i % 2);
+    if (m >= 0 && n0 + col < p.rows) p.y[m * p.y_stride + n0 + col] = round_bf16(acc[i] * row_scale[col]);
+  }
+#endif
+}
+
+bool device_has_wgmma() {
+  static const bool has = [] {
+    int device = 0, major = 0, minor = 0;
+    return cudaGetDevice(&device) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+           cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess && major == 9 &&
+           minor == 0;
+  }();
+  return has;
 }
 
 }  // namespace
 
 bool fits_tensor_core_experts(const GemmRequest& r) {
-  return r.table && r.W.format == kFp4 && !r.W.scale_is_f32 && r.W.in % kChunkCodes == 0;
+  return r.table && r.W.format == kFp4 && !r.W.scale_is_f32 && r.W.in % 32 == 0 &&
+         smem_bytes(r.W.in) <= 227 * 1024 && device_has_wgmma();
 }
 
-void CudaBackend::tensor_core_experts(const GemmRequest& r, const __nv_bfloat16* x, int32_t* scratch) {
+void CudaBackend::tensor_core_experts(const GemmRequest& r, const uint8_t* x, const float* sx, int32_t* scratch) {
   DSV4_CUDA_REQUIRE(fits_tensor_core_experts(r), "tensor-core experts: K ", r.W.in,
-                    " must be a multiple of 32 and the scales E8M0");
+                    " must be a multiple of 32, the scales E8M0 and the device a Hopper (sm_90a)");
   if (r.T == 0 || r.rows == 0) return;
   Grouping g{};
-  group_rows(r, scratch, g, stream_);
-  const dim3 grid{unsigned((r.rows + kCols - 1) / kCols), unsigned(row_tile_count(r))};
-  allow_shared_memory(reinterpret_cast<const void*>(experts_tc_kernel), kSmemBytes, "tensor-core experts");
-  launch(experts_tc_kernel, grid, kThreads, kSmemBytes, stream_, r, x, g);
-  DSV4_CUDA_LAUNCHED("linear (experts on the bf16 tensor cores)");
+  group_rows(r, scratch, g, stream_, kBM);
+  const dim3 grid{unsigned((r.rows + kBN - 1) / kBN), unsigned(row_tile_count(r, kBM))};
+  const size_t smem = smem_bytes(r.W.in);
+  allow_shared_memory(reinterpret_cast<const void*>(experts_fp8_kernel), smem, "tensor-core experts");
+  launch(experts_fp8_kernel, grid, kThreads, smem, stream_, r, x, sx, g);
+  DSV4_CUDA_LAUNCHED("linear (experts on the FP8 tensor cores)");
 }
 
 }  // namespace dsv4::cuda

@@ -1,6 +1,7 @@
-// deepseek-tc's routed FP4 experts on the bf16 tensor cores (cuda/gemm_experts_tc.cu), through the
+// deepseek-tc's routed FP4 experts on the FP8 tensor cores (cuda/gemm_experts_tc.cu), through the
 // MoE op, against the exact CPU reference. The routing is exact in both numerics: the selections and
-// weights agree bit for bit. The experts' products sum in fp32 on the tensor cores, so gate and up
+// weights agree bit for bit. The experts' products sum on the tensor cores (in their reduced-precision
+// fp32 over each 128-block of K, then in fp32), so gate and up
 // move by bf16-sized amounts, and where that flips the FP8 quantization of the swiglu output before
 // the down product, that element moves by one e4m3 step (up to 1/8 of it). So over the whole output
 // the relative error stays below 1e-2, and no element is off by more than its own bf16 rounding
