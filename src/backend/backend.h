@@ -183,7 +183,7 @@ class Backend {
   // out = Σ_{e∈sel} expert_e(x)·w_e (ascending e) + shared(x), clamped SwiGLU with `limit`.
   // A backend passes at most kMaxMoeTokenChunk tokens through the experts at once (the memory
   // plan counts their [tokens, k, F] intermediates).
-  static constexpr int64_t kMaxMoeTokenChunk = 2048;
+  static constexpr int64_t kMaxMoeTokenChunk = 8192;
   virtual void moe(const model::MoeWeights& m, const float* x, const int32_t* sel, const float* weights,
                    int64_t T, int64_t D, int64_t k, double limit, float* out) = 0;
 

@@ -102,10 +102,12 @@ __device__ __forceinline__ void wgmma_k32(float (&d)[64], uint64_t a, uint64_t b
 }
 
 // The products' register hand-over: before a wgmma, every earlier access of its accumulators is
-// done; after the wait, reads of them come after it (the empty asm ties each register to the wait).
+// done; the issued products are committed as one group; after waiting for it, reads of the
+// accumulators come after the wait (the empty asm ties each register to it).
 __device__ __forceinline__ void wgmma_begin() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_finish(float (&d)[64]) {
-  asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
@@ -133,17 +135,34 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int n_kb = int((K + kBK - 1) / kBK), n_sub = int(K / 32);
   const int tid = threadIdx.x, lane = tid % 32, wg = tid / 128;
 
-  // Thread (row tid % kBN, half tid / kBN) reads that half of the row's scale bytes and keeps their
-  // largest; R is the larger half's, less kTopShift.
+  // Thread (row tid % kBN, half tid / kBN) reads that half of the row's scale bytes (by words when
+  // the rows allow) and keeps their largest; R is the larger half's, less kTopShift.
   {
     const int r = tid % kBN, half = tid / kBN;
     const int64_t n = n0 + r;
     const uint8_t* row = scale_row<kFp4>(W, n < p.rows ? p.row0 + n : 0);
     int top = 0;
-    for (int j = half; j < n_sub; j += 2) {
-      const int s = n < p.rows && j < W.scale_cols ? row[j] : 0;
-      scales[j * kBN + r] = uint8_t(s);
-      top = max(top, s);
+    if (W.scale_cols % 4 == 0 && n_sub % 8 == 0) {  // whole words (device scales start 256-byte aligned)
+      const uint32_t* words = reinterpret_cast<const uint32_t*>(row) + half * (n_sub / 8);
+      constexpr int kBatch = 8;  // loads in flight at once
+      for (int w0 = 0; w0 < n_sub / 8; w0 += kBatch) {
+        uint32_t v[kBatch];
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) v[i] = n < p.rows && w0 + i < n_sub / 8 ? words[w0 + i] : 0u;
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i)
+#pragma unroll
+          for (int b = 0; b < 4; ++b) {
+            const int j = 4 * (half * (n_sub / 8) + w0 + i) + b, s = int(v[i] >> (8 * b) & 0xFF);
+            if (w0 + i < n_sub / 8) scales[j * kBN + r] = uint8_t(s), top = max(top, s);
+          }
+      }
+    } else {
+      for (int j = half; j < n_sub; j += 2) {
+        const int s = n < p.rows && j < W.scale_cols ? row[j] : 0;
+        scales[j * kBN + r] = uint8_t(s);
+        top = max(top, s);
+      }
     }
     row_shift[half][r] = top;
     __syncthreads();
@@ -221,6 +240,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_k32<false>(part, a, b);
 #pragma unroll
       for (int q = 1; q < kBK / 32; ++q) wgmma_k32<true>(part, a + 2 * q, b + 2 * q);  // 32 bytes on, in 16s
+      wgmma_commit();
     }
     if (kb + kStages - 1 < n_kb) issue(kb + kStages - 1);  // into the slot block kb − 1 left
     commit_async_copies();

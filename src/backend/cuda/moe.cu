@@ -25,8 +25,9 @@ namespace {
 constexpr int kRouteThreads = 128;
 constexpr int kMaxExpertsPerToken = 32;
 // Tokens per pass through the experts: bounds the [tokens, k, F] intermediates. A whole prefill
-// chunk of 2 048 puts ≈ 48 rows on each expert (6 of 256 per token), three quarters of the grouped
-// product's 64-row tile (1 024 filled three eighths, and staged each expert's weights twice).
+// chunk of 8 192 puts ≈ 192 rows on each expert (6 of 256 per token): the grouped products read
+// each expert's weights once per 64 or 128 rows, so tiles are the fuller the more tokens pass at
+// once (2 048 filled deepseek-tc's 128-row tiles three eighths).
 constexpr int64_t kMoeTokenChunk = Backend::kMaxMoeTokenChunk;
 
 // The better of two candidates (value, expert id): the higher value, ties to the lower id; -1 = none.
