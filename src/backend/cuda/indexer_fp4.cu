@@ -51,6 +51,7 @@ namespace {
 
 constexpr int kFp4MaxDim = 128;  // V4's index_head_dim
 constexpr int kFp4MaxBlocks = kFp4MaxDim / RowFormat::kFp4Block;
+static_assert(kFp4MaxBlocks == 4, "a head's block exponents are one int4 (Fp4Queries::exps)");
 constexpr int kFp4Warps = 4;
 constexpr int kKeysPerWarp = 32;  // two 16-key tiles: each query operand serves both
 constexpr int kFp4KeysPerBlock = kKeysPerWarp * kFp4Warps;
@@ -108,19 +109,14 @@ __device__ inline bool one_exponent(const int* exps) {
   return same;
 }
 
-struct Fp4QueriesOut {
-  uint4* words;
-  int4* exps;
-  uint4* lanes;
-  int4* query;
-};
-
-Fp4QueriesOut queries_in(void* buffer, int64_t T, int64_t heads) {
-  const int64_t tiles = (heads + 7) / 8;
+// The prepared form of T queries laid out in `buffer`: each array for all T, one after another.
+Fp4QueryArrays<true> queries_in(void* buffer, int64_t T, int64_t heads) {
+  using Q = Fp4QueryArrays<true>;
+  const int64_t tiles = head_tiles(heads);
   auto* words = static_cast<uint4*>(buffer);
-  auto* exps = reinterpret_cast<int4*>(words + T * tiles * 64);
-  auto* lanes = reinterpret_cast<uint4*>(exps + T * tiles * 8);
-  return {words, exps, lanes, reinterpret_cast<int4*>(lanes + T * tiles * 4)};
+  auto* exps = reinterpret_cast<int4*>(words + T * tiles * Q::kWords);
+  auto* lanes = reinterpret_cast<uint4*>(exps + T * tiles * Q::kExps);
+  return {words, exps, lanes, reinterpret_cast<int4*>(lanes + T * tiles * Q::kLanes)};
 }
 
 // A block per query: its heads' rows staged as the keys are (folded where they can be), the words
@@ -128,15 +124,16 @@ Fp4QueriesOut queries_in(void* buffer, int64_t T, int64_t heads) {
 // ±2^896 (0 for w = 0 and the padding heads); the query's bounds (see the top). Heads of w = 0
 // have zero terms but their dots still bound E (the CPU multiplies them by 0: a dot must stay finite).
 __global__ void __launch_bounds__(kFp4Threads)
-    indexer_prepare_queries_kernel(const float* qc, const float* wts, int heads, RowFormat f, Fp4QueriesOut out) {
+    indexer_prepare_queries_kernel(const float* qc, const float* wts, int heads, RowFormat f, Fp4QueryArrays<true> out) {
   await_previous_kernel();
   __shared__ int lo_q, hi_q, lo_a, hi_a, fast;
   const int64_t t = blockIdx.x;
-  const int tiles = (heads + 7) / 8, rows = 8 * tiles, blocks = f.width / RowFormat::kFp4Block;
+  const int tiles = int(head_tiles(heads)), rows = 8 * tiles, blocks = f.width / RowFormat::kFp4Block;
   if (threadIdx.x == 0) lo_q = lo_a = INT_MAX, hi_q = hi_a = INT_MIN, fast = 1;
   __syncthreads();
-  uint32_t* words = reinterpret_cast<uint32_t*>(out.words + t * tiles * 64);
-  uint32_t* lanes = reinterpret_cast<uint32_t*>(out.lanes + t * tiles * 4);
+  const Fp4QueryArrays<true> own = out.from(t, heads);
+  uint32_t* words = reinterpret_cast<uint32_t*>(own.words);
+  uint32_t* lanes = reinterpret_cast<uint32_t*>(own.lanes);
   for (int h = threadIdx.x; h < rows; h += blockDim.x) {
     const float* row = qc + (t * heads + h) * f.stride;
     const StagedRow staged = h < heads ? staged_row(row_scales(row, f), blocks) : StagedRow{};
@@ -308,13 +305,12 @@ __device__ inline double ordered_sum(const uint4* words, const int4* q_exps, con
     const uint4 lo = __ldg(words + nt * 64 + lane * 2), hi = __ldg(words + nt * 64 + lane * 2 + 1);
     const uint32_t b[kFp4MaxBlocks][2] = {{lo.x, lo.y}, {lo.z, lo.w}, {hi.x, hi.y}, {hi.z, hi.w}};
     const int c_head = 8 * nt + 2 * i;  // this lane's columns of c: heads c_head, c_head + 1
-    const int4 qe[2] = {q_exps[c_head], q_exps[c_head + 1]};
+    const int4 qe0 = q_exps[c_head], qe1 = q_exps[c_head + 1];
+    const int qe[2][kFp4MaxBlocks] = {{qe0.x, qe0.y, qe0.z, qe0.w}, {qe1.x, qe1.y, qe1.z, qe1.w}};
     double dot[2][4] = {};  // (tile, row g + 8r, head c_head + j) at [tile][2r + j]
 #pragma unroll
     for (int bl = 0; bl < kFp4MaxBlocks; ++bl) {
       if (bl >= blocks) break;
-      const int q_e[2] = {bl == 0 ? qe[0].x : bl == 1 ? qe[0].y : bl == 2 ? qe[0].z : qe[0].w,
-                          bl == 0 ? qe[1].x : bl == 1 ? qe[1].y : bl == 2 ? qe[1].z : qe[1].w};
 #pragma unroll
       for (int tile = 0; tile < 2; ++tile) {
         int c[4];
@@ -325,7 +321,7 @@ __device__ inline double ordered_sum(const uint4* words, const int4* q_exps, con
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
             // The product c · 2^(e_q + e_k − 2) is exact, so one fused multiply-add rounds as the CPU's add.
-            const double scale = __hiloint2double(int(pow2_high(key_e + q_e[j], 1023 - 2)), 0);
+            const double scale = __hiloint2double(int(pow2_high(key_e + qe[j][bl], 1023 - 2)), 0);
             dot[tile][2 * r + j] = __fma_rn(int_to_double(c[2 * r + j]), scale, dot[tile][2 * r + j]);
           }
         }
@@ -357,7 +353,7 @@ __global__ void __launch_bounds__(kFp4Threads, 4)
                               const float* keys, int64_t n_keys, int64_t ratio, int64_t p0, float* score) {
   await_previous_kernel();
   extern __shared__ uint32_t fp4_smem[];
-  const int tiles = (heads + 7) / 8, blocks = f.width / RowFormat::kFp4Block;
+  const int tiles = int(head_tiles(heads)), blocks = f.width / RowFormat::kFp4Block;
   int* k_exp = reinterpret_cast<int*>(fp4_smem);                                      // [keys][4]
   uint8_t* k_shift = reinterpret_cast<uint8_t*>(fp4_smem + kFp4KeysPerBlock * kFp4MaxBlocks);  // [keys][4]
   uint32_t* k_words = fp4_smem + kFp4KeysPerBlock * kFp4MaxBlocks * 5 / 4;  // [keys][stride], then the terms
@@ -398,15 +394,14 @@ __global__ void __launch_bounds__(kFp4Threads, 4)
   for (int64_t t = t0; t < t_end; ++t) {
     const int64_t visible = visible_keys(t, p0, ratio, n_keys);
     if (warp_w0 >= visible) continue;  // (uniform over the warp)
-    const uint4* words = q.words + t * tiles * 64;
-    const int4 bounds = __ldg(q.query + t);
+    const Fp4Queries own = q.from(t, heads);
+    const int4 bounds = __ldg(own.query);
     if (bounds.x && keys_single && ek_lo >= bounds.y && ek_hi <= bounds.z) {
       const int64_t w = warp_w0 + 8 * i + g;
-      const double sum = fast_sum(words, q.lanes + t * tiles * 4, a, tiles, blocks);
+      const double sum = fast_sum(own.words, own.lanes, a, tiles, blocks);
       if (w < visible) score[t * n_keys + w] = round_bf16(float(sum * key_scale));
     } else {
-      const double sum = ordered_sum(words, q.exps + t * 8 * tiles, wts + t * heads, heads, tiles, blocks, a, k_exp,
-                                     terms);
+      const double sum = ordered_sum(own.words, own.exps, wts + t * heads, heads, tiles, blocks, a, k_exp, terms);
       if (warp_w0 + lane < visible) score[t * n_keys + warp_w0 + lane] = round_bf16(float(sum));
     }
   }
@@ -419,16 +414,16 @@ bool fp4_scores_apply(const RowFormat& f, int64_t dim) {
 }
 
 size_t fp4_queries_bytes(int64_t T, int64_t heads) {
-  const int64_t tiles = (heads + 7) / 8;
-  return size_t(T * tiles * (64 + 8 + 4) + T) * sizeof(uint4);
+  using Q = Fp4Queries;
+  return size_t(T * head_tiles(heads) * (Q::kWords + Q::kExps + Q::kLanes) + T) * sizeof(uint4);
 }
 
 Fp4Queries prepare_fp4_queries(cudaStream_t stream, const float* q_packed, const float* wts, int64_t T, int heads,
                                const RowFormat& f, void* buffer) {
-  const Fp4QueriesOut out = queries_in(buffer, T, heads);
+  const Fp4QueryArrays<true> out = queries_in(buffer, T, heads);
   launch(indexer_prepare_queries_kernel, unsigned(T), kFp4Threads, 0, stream, q_packed, wts, heads, f, out);
   DSV4_CUDA_LAUNCHED("indexer_select (FP4 queries)");
-  return {out.words, out.exps, out.lanes, out.query};
+  return out.read_only();
 }
 
 const void* fp4_scores_kernel() { return reinterpret_cast<const void*>(indexer_scores_fp4_kernel); }
@@ -437,15 +432,14 @@ const void* fp4_scores_kernel() { return reinterpret_cast<const void*>(indexer_s
 // keys are in registers.
 size_t fp4_scores_smem(int heads) {
   const size_t words = size_t(kFp4KeysPerBlock) * kFp4WordStride * 4,
-               terms = size_t(kFp4Warps) * 8 * ((heads + 7) / 8) * kKeysPerWarp * 2;
+               terms = size_t(kFp4Warps) * 8 * head_tiles(heads) * kKeysPerWarp * 2;
   return size_t(kFp4KeysPerBlock) * kFp4MaxBlocks * 5 + std::max(words, terms);
 }
 
 void fp4_scores(cudaStream_t stream, const Fp4Queries& q, int64_t t0, int64_t n, const float* wts, int heads,
                 const RowFormat& f, const float* keys, int64_t n_keys, int64_t visible_max, int64_t ratio, int64_t p0,
                 float* score) {
-  const int64_t tiles = (heads + 7) / 8;
-  const Fp4Queries chunk{q.words + t0 * tiles * 64, q.exps + t0 * tiles * 8, q.lanes + t0 * tiles * 4, q.query + t0};
+  const Fp4Queries chunk = q.from(t0, heads);
   const dim3 grid(unsigned((visible_max + kFp4KeysPerBlock - 1) / kFp4KeysPerBlock),
                   unsigned((n + kFp4QueriesPerBlock - 1) / kFp4QueriesPerBlock));
   launch(indexer_scores_fp4_kernel, grid, kFp4Threads, fp4_scores_smem(heads), stream, chunk, wts + t0 * heads, n,

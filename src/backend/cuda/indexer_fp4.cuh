@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/row_format.h"
 
@@ -20,15 +21,32 @@ __device__ inline int64_t visible_keys(int64_t t, int64_t p0, int64_t ratio, int
 // at most V4's index_head_dim (128) wide.
 bool fp4_scores_apply(const RowFormat& f, int64_t dim);
 
+// Heads in tiles of 8: the tensor cores' column count.
+__host__ __device__ inline int64_t head_tiles(int64_t heads) { return (heads + 7) / 8; }
+
 // The queries as the scores kernel reads them, made once per call (prepare_fp4_queries): each
 // lane's tensor-core operands in its load order, the heads' block exponents, each lane's weights
-// and per query the bounds that let its terms be summed in any order (see indexer_fp4.cu).
-struct Fp4Queries {
-  const uint4* words;  // [T][head tiles][32 lanes][2]: a lane's 8 operand words, blocks 0 … 3
-  const int4* exps;    // [T][8 · head tiles]: a head's staged block exponents
-  const uint4* lanes;  // [T][head tiles][4]: per lane column pair, the scaled weights and the signs
-  const int4* query;   // [T]: fast (0/1), the least and the greatest key exponent it allows
+// and per query the bounds that let its terms be summed in any order (see indexer_fp4.cu). The
+// preparing kernel writes them (kWritable); the scores kernel reads.
+template <bool kWritable>
+struct Fp4QueryArrays {
+  template <class T>
+  using Ptr = std::conditional_t<kWritable, T*, const T*>;
+  // Elements per query and head tile of the first three arrays.
+  static constexpr int64_t kWords = 64, kExps = 8, kLanes = 4;
+  Ptr<uint4> words;  // [T][head tiles][32 lanes][2]: a lane's 8 operand words, blocks 0 … 3
+  Ptr<int4> exps;    // [T][8 · head tiles]: a head's staged block exponents
+  Ptr<uint4> lanes;  // [T][head tiles][4]: per lane column pair, the scaled weights and the signs
+  Ptr<int4> query;   // [T]: fast (0/1), the least and the greatest key exponent it allows
+
+  // The arrays from query t on.
+  __host__ __device__ Fp4QueryArrays from(int64_t t, int64_t heads) const {
+    const int64_t tiles = head_tiles(heads);
+    return {words + t * tiles * kWords, exps + t * tiles * kExps, lanes + t * tiles * kLanes, query + t};
+  }
+  Fp4QueryArrays<false> read_only() const { return {words, exps, lanes, query}; }
 };
+using Fp4Queries = Fp4QueryArrays<false>;
 
 // Bytes of the prepared form of T queries of `heads` heads.
 size_t fp4_queries_bytes(int64_t T, int64_t heads);
