@@ -14,11 +14,14 @@
 // and added to an fp32 accumulator on the CUDA cores, one 128-block at a time (the official
 // kernels' promotion, architecture.md §5); the result times 2^R is rounded to bf16.
 //
-// Per K block: the activations (16 KB, 128-byte rows swizzled as wgmma reads them), the raw weight
-// bytes (8 KB) and the activation scales reach shared memory kStages − 1 blocks ahead (cp.async).
-// While one block's products run on the tensor cores, every thread turns its share of the next
-// block's weights into e5m2 (two 32-blocks: byte permutes from a table per block, 11 instructions
-// per 8 weights) into the other of two B buffers. Two warpgroups, one per 64 rows, share each B.
+// The work is split by warpgroup, and the warpgroups meet only at barriers in shared memory (one
+// per stage that fills, one that empties), so each runs at its own pace. The producer (warpgroup 0,
+// one thread per weight row) copies each K block's activations (16 KB, 128-byte rows swizzled as
+// wgmma reads them), raw weight bytes (8 KB) and activation scales to shared memory kStages − 1
+// blocks ahead (cp.async), then turns the row's weights into e5m2 in the stage's B (byte permutes
+// from a table per 32-block, 11 instructions per 8 weights). The two consumers (warpgroups 1 and 2,
+// 64 token rows each) multiply on the tensor cores and promote; while one promotes, the other's
+// products run. A consumer whose rows are all empty (a short tile) does nothing.
 #include <cuda_runtime.h>
 
 #include "backend/cuda/async_copy.cuh"
@@ -37,14 +40,15 @@ namespace dsv4::cuda {
 
 namespace {
 
-constexpr int kBM = 128, kBN = 128, kBK = 128, kStages = 4, kThreads = 256;
+constexpr int kBM = 128, kBN = 128, kBK = 128, kStages = 4;
+constexpr int kProducers = 128, kConsumers = 256, kThreads = kProducers + kConsumers;
 constexpr int kSubBlocks = kBK / 32;  // FP4 scale blocks per K block
 constexpr int kTopShift = 13;         // 6 · 2^13 is below e5m2's largest, 57 344; 0.5 · 2^-13 its smallest normal
 constexpr int kABytes = kBM * kBK, kBBytes = kBN * kBK, kRawBytes = kBN * kBK / 2;
-// Shared memory from a 1024-byte boundary (the swizzle's period): the stages' activations, the two
-// B buffers, the stages' raw weights and activation scales, then per output row its scales (by
-// block, [K/32][kBN]) and its 2^R.
-constexpr size_t kAOff = 0, kBOff = kAOff + size_t(kStages) * kABytes, kRawOff = kBOff + 2 * size_t(kBBytes),
+// Shared memory from a 1024-byte boundary (the swizzle's period): the stages' activations, e5m2
+// weights, raw weights and activation scales, then per output row its scales (by block,
+// [K/32][kBN]) and its 2^R.
+constexpr size_t kAOff = 0, kBOff = kAOff + size_t(kStages) * kABytes, kRawOff = kBOff + size_t(kStages) * kBBytes,
                  kSxOff = kRawOff + size_t(kStages) * kRawBytes, kRowScaleOff = kSxOff + size_t(kStages) * kBM * 4,
                  kScalesOff = kRowScaleOff + kBN * 4;
 size_t smem_bytes(int64_t K) { return 1024 + kScalesOff + size_t((K + 31) / 32) * kBN; }
@@ -114,6 +118,28 @@ __device__ __forceinline__ void wgmma_finish(float (&d)[64]) {
 // Shared memory written by this thread (stores, or cp.async copies it has awaited) is ordered before
 // the tensor cores' reads of it that a following barrier lets start.
 __device__ __forceinline__ void fence_for_tensor_cores() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// A barrier in shared memory (mbarrier) that completes a phase once `count` arrivals have come;
+// arriving releases this thread's earlier accesses of shared memory, and a wait for a phase
+// acquires those of every arrival in it. Phases alternate in parity, from 0.
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void barrier_init(uint64_t* b, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(b)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void barrier_arrive(uint64_t* b) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(shared_address(b)) : "memory");
+}
+__device__ __forceinline__ void barrier_wait(uint64_t* b, int parity) {
+  uint32_t done = 0;
+  while (!done)
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(shared_address(b)), "r"(parity)
+        : "memory");
+}
 #endif
 
 // x: the activations' e4m3 codes, rows of K; sx: their scales [K/128][source rows].
@@ -122,22 +148,24 @@ __global__ void __launch_bounds__(kThreads, 1)
 #ifdef DSV4_WGMMA
   await_previous_kernel();
   extern __shared__ unsigned char smem_base[];
-  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem_base));
+  const uint32_t base = shared_address(smem_base);
   unsigned char* smem = smem_base + (1024 - base % 1024) % 1024;
   float* sx_s = reinterpret_cast<float*>(smem + kSxOff);        // [kStages][kBM]
   float* row_scale = reinterpret_cast<float*>(smem + kRowScaleOff);  // [kBN]: 2^R of each output row
   uint8_t* scales = smem + kScalesOff;                           // [K/32][kBN]: E8M0 bytes
   __shared__ int64_t src_of[kBM], out_of[kBM];
   __shared__ int row_shift[2][kBN];  // each half's largest scale byte, then R's byte
+  __shared__ uint64_t filled[kStages], emptied[kStages];
   LinearView W;
   if (!tile_rows<kBM>(p, g, kBN, src_of, out_of, W)) return;
   const int64_t n0 = int64_t(blockIdx.x) * kBN, K = p.W.in, n_src = (p.T + p.x_div - 1) / p.x_div;
   const int n_kb = int((K + kBK - 1) / kBK), n_sub = int(K / 32);
-  const int tid = threadIdx.x, lane = tid % 32, wg = tid / 128;
+  const int tid = threadIdx.x, lane = tid % 32;
+  const int consumers = src_of[64] >= 0 ? 2 : 1;  // rows fill a tile from its start
 
-  // Thread (row tid % kBN, half tid / kBN) reads that half of the row's scale bytes (by words when
-  // the rows allow) and keeps their largest; R is the larger half's, less kTopShift.
-  {
+  // Thread (row tid % kBN, half tid / kBN), below 2 kBN, reads that half of the row's scale bytes
+  // (by words when the rows allow) and keeps their largest; R is the larger half's, less kTopShift.
+  if (tid < 2 * kBN) {
     const int r = tid % kBN, half = tid / kBN;
     const int64_t n = n0 + r;
     const uint8_t* row = scale_row<kFp4>(W, n < p.rows ? p.row0 + n : 0);
@@ -165,102 +193,104 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     row_shift[half][r] = top;
-    __syncthreads();
-    if (half == 0) {
-      const int R = max(row_shift[0][r], row_shift[1][r]) - kTopShift;
-      row_shift[0][r] = R;
-      row_scale[r] = ldexpf(1.0f, R - 127);
+  }
+  if (tid == 0)
+    for (int s = 0; s < kStages; ++s) barrier_init(&filled[s], kProducers), barrier_init(&emptied[s], 4 * consumers);
+  __syncthreads();
+  if (tid < kBN) {
+    const int R = max(row_shift[0][tid], row_shift[1][tid]) - kTopShift;
+    row_shift[0][tid] = R;
+    row_scale[tid] = ldexpf(1.0f, R - 127);
+  }
+  __syncthreads();
+
+  if (tid < kProducers) {
+    // Producer thread r: weight row r (its raw bytes and their e5m2), activation row r's scale and
+    // chunk r % 8 of activation rows r / 8 + 16i.
+    const int r = tid, R = row_shift[0][r];
+    const bool row_ok = n0 + r < p.rows;
+    const uint8_t* weights = W.data + (row_ok ? (p.row0 + n0 + r) * (K / 2) : 0);
+    auto issue = [&](int kb) {
+      const int slot = kb % kStages;
+      const int64_t k0 = int64_t(kb) * kBK;
+      unsigned char* A = smem + kAOff + slot * kABytes;
+#pragma unroll
+      for (int i = 0; i < kBM / 16; ++i) {
+        const int a = r / 8 + 16 * i, c = r % 8;
+        const int64_t src = src_of[a], k = k0 + 16 * c;
+        const bool ok = src >= 0 && k < K;
+        copy_async_16(A + swizzled(a, c), x + (ok ? src * K + k : 0), ok);
+      }
+      unsigned char* raw = smem + kRawOff + slot * kRawBytes;
+#pragma unroll
+      for (int c = 0; c < kSubBlocks; ++c) {
+        const int64_t k = k0 + 32 * c;
+        const bool ok = row_ok && k < K;
+        copy_async_16(raw + raw_chunk(r, c), weights + (ok ? k / 2 : 0), ok);
+      }
+      float* to = sx_s + slot * kBM + r;
+      if (src_of[r] >= 0) copy_async_small<4>(to, sx + int64_t(kb) * n_src + src_of[r]);
+      else *to = 0.0f;
+    };
+    auto convert = [&](int kb) {
+      const int slot = kb % kStages;
+      const unsigned char* raw = smem + kRawOff + slot * kRawBytes;
+      unsigned char* B = smem + kBOff + slot * kBBytes;
+#pragma unroll
+      for (int c = 0; c < kSubBlocks; ++c) {
+        const int j = kb * kSubBlocks + c;
+        const uint4 w = *reinterpret_cast<const uint4*>(raw + raw_chunk(r, c));
+        const uint2 table = e5m2_table(j < n_sub ? int(scales[j * kBN + r]) - R : -kTopShift - 1);
+        const uint2 a = e2m1x8_e5m2(w.x, table), b = e2m1x8_e5m2(w.y, table), e = e2m1x8_e5m2(w.z, table),
+                    f = e2m1x8_e5m2(w.w, table);
+        *reinterpret_cast<uint4*>(B + swizzled(r, 2 * c)) = make_uint4(a.x, a.y, b.x, b.y);
+        *reinterpret_cast<uint4*>(B + swizzled(r, 2 * c + 1)) = make_uint4(e.x, e.y, f.x, f.y);
+      }
+    };
+    constexpr int kAhead = kStages - 1;
+    for (int kb = 0; kb < kAhead; ++kb) {
+      if (kb < n_kb) issue(kb);
+      commit_async_copies();  // (empty groups keep the count per block uniform)
     }
+    for (int kb = 0; kb < n_kb; ++kb) {
+      await_async_copies<kAhead - 1>();  // block kb's copies, this thread's
+      convert(kb);
+      fence_for_tensor_cores();
+      barrier_arrive(&filled[kb % kStages]);
+      const int next = kb + kAhead;  // into the stage block next − kStages used, once it is emptied
+      if (next < n_kb) {
+        if (next >= kStages) barrier_wait(&emptied[next % kStages], (next / kStages - 1) & 1);
+        issue(next);
+      }
+      commit_async_copies();
+    }
+    return;
   }
 
-  // Per K block: thread tid copies chunk tid % 8 of activation rows tid / 8 + 32i, chunk tid % 4 of
-  // raw weight rows tid / 4 + 64h, and (below kBM) the scale of activation row tid.
-  auto issue = [&](int kb) {
-    const int slot = kb % kStages;
-    const int64_t k0 = int64_t(kb) * kBK;
-    unsigned char* A = smem + kAOff + slot * kABytes;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int r = tid / 8 + 32 * i, c = tid % 8;
-      const int64_t src = src_of[r], k = k0 + 16 * c;
-      const bool ok = src >= 0 && k < K;
-      copy_async_16(A + swizzled(r, c), x + (ok ? src * K + k : 0), ok);
-    }
-    unsigned char* raw = smem + kRawOff + slot * kRawBytes;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = tid / 4 + 64 * h, c = tid % 4;
-      const int64_t n = n0 + r, k = k0 + 32 * c;
-      const bool ok = n < p.rows && k < K;
-      copy_async_16(raw + raw_chunk(r, c), W.data + (ok ? (p.row0 + n) * (K / 2) + k / 2 : 0), ok);
-    }
-    if (tid < kBM) {
-      float* to = sx_s + slot * kBM + tid;
-      if (src_of[tid] >= 0) copy_async_small<4>(to, sx + int64_t(kb) * n_src + src_of[tid]);
-      else *to = 0.0f;
-    }
-  };
-  // Thread (row tid % kBN, half tid / kBN) turns that half of the row's raw block kb into e5m2.
-  auto convert = [&](int kb) {
-    const int r = tid % kBN, half = tid / kBN;
-    const unsigned char* raw = smem + kRawOff + (kb % kStages) * kRawBytes;
-    unsigned char* B = smem + kBOff + (kb % 2) * kBBytes;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int c = 2 * half + i, j = kb * kSubBlocks + c;
-      const uint4 w = *reinterpret_cast<const uint4*>(raw + raw_chunk(r, c));
-      const uint2 table = e5m2_table(j < n_sub ? int(scales[j * kBN + r]) - row_shift[0][r] : -kTopShift - 1);
-      const uint2 a = e2m1x8_e5m2(w.x, table), b = e2m1x8_e5m2(w.y, table), e = e2m1x8_e5m2(w.z, table),
-                  f = e2m1x8_e5m2(w.w, table);
-      *reinterpret_cast<uint4*>(B + swizzled(r, 2 * c)) = make_uint4(a.x, a.y, b.x, b.y);
-      *reinterpret_cast<uint4*>(B + swizzled(r, 2 * c + 1)) = make_uint4(e.x, e.y, f.x, f.y);
-    }
-  };
-
-  // Rows fill a tile from its start: a warpgroup whose first row is empty has none.
-  const bool live = src_of[64 * wg] >= 0;
+  const int wg = (tid - kProducers) / 128;
+  if (wg >= consumers) return;
   const int row0 = 64 * wg + 16 * ((tid % 128) / 32) + lane / 4;  // this thread's rows: row0, row0 + 8
   float acc[64] = {}, part[64];
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < n_kb) issue(s);
-    commit_async_copies();  // (empty groups keep the count per block uniform)
-  }
-  await_async_copies<kStages - 2>();
-  __syncthreads();
-  convert(0);
-  fence_for_tensor_cores();
-  __syncthreads();
   for (int kb = 0; kb < n_kb; ++kb) {
     const int slot = kb % kStages;
-    {
-      const uint64_t a = tile_descriptor(smem + kAOff + slot * kABytes + 64 * wg * 128),
-                     b = tile_descriptor(smem + kBOff + (kb % 2) * kBBytes);
-      wgmma_begin();
-      wgmma_k32<false>(part, a, b);
+    barrier_wait(&filled[slot], (kb / kStages) & 1);
+    const uint64_t a = tile_descriptor(smem + kAOff + slot * kABytes + 64 * wg * 128),
+                   b = tile_descriptor(smem + kBOff + slot * kBBytes);
+    wgmma_begin();
+    wgmma_k32<false>(part, a, b);
 #pragma unroll
-      for (int q = 1; q < kBK / 32; ++q) wgmma_k32<true>(part, a + 2 * q, b + 2 * q);  // 32 bytes on, in 16s
-      wgmma_commit();
-    }
-    if (kb + kStages - 1 < n_kb) issue(kb + kStages - 1);  // into the slot block kb − 1 left
-    commit_async_copies();
-    await_async_copies<kStages - 2>();  // block kb + 1's copies, this thread's
-    fence_for_tensor_cores();
-    __syncthreads();  // everyone's
-    if (kb + 1 < n_kb) convert(kb + 1);
-    fence_for_tensor_cores();
-    {
-      wgmma_finish(part);
-      const float s0 = sx_s[slot * kBM + row0], s1 = sx_s[slot * kBM + row0 + 8];
+    for (int q = 1; q < kBK / 32; ++q) wgmma_k32<true>(part, a + 2 * q, b + 2 * q);  // 32 bytes on, in 16s
+    wgmma_commit();
+    wgmma_finish(part);
+    const float s0 = sx_s[slot * kBM + row0], s1 = sx_s[slot * kBM + row0 + 8];
+    __syncwarp();
+    if (lane == 0) barrier_arrive(&emptied[slot]);  // the warp is done with the stage
 #pragma unroll
-      for (int i = 0; i < 64; i += 4) {
-        acc[i] += s0 * part[i], acc[i + 1] += s0 * part[i + 1];
-        acc[i + 2] += s1 * part[i + 2], acc[i + 3] += s1 * part[i + 3];
-      }
+    for (int i = 0; i < 64; i += 4) {
+      acc[i] = fmaf(s0, part[i], acc[i]), acc[i + 1] = fmaf(s0, part[i + 1], acc[i + 1]);
+      acc[i + 2] = fmaf(s1, part[i + 2], acc[i + 2]), acc[i + 3] = fmaf(s1, part[i + 3], acc[i + 3]);
     }
-    __syncthreads();  // block kb + 1's B is whole; block kb's slot and B are free
   }
-  if (!live) return;
   // acc[4j + e]: row row0 (+8 for e ≥ 2), column 8j + 2·(lane % 4) (+1 for odd e).
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
