@@ -15,13 +15,15 @@
 // kernels' promotion, architecture.md §5); the result times 2^R is rounded to bf16.
 //
 // The work is split by warpgroup, and the warpgroups meet only at barriers in shared memory (one
-// per stage that fills, one that empties), so each runs at its own pace. The producer (warpgroup 0,
-// one thread per weight row) copies each K block's activations (16 KB, 128-byte rows swizzled as
-// wgmma reads them), raw weight bytes (8 KB) and activation scales to shared memory kStages − 1
-// blocks ahead (cp.async), then turns the row's weights into e5m2 in the stage's B (byte permutes
-// from a table per 32-block, 11 instructions per 8 weights). The two consumers (warpgroups 1 and 2,
-// 64 token rows each) multiply on the tensor cores and promote; while one promotes, the other's
-// products run. A consumer whose rows are all empty (a short tile) does nothing.
+// per stage that fills, one that empties), so each runs at its own pace. The producers (warpgroups
+// 0 and 1: two threads per weight row, a half of each K block each) copy each K block's
+// activations (16 KB, 128-byte rows swizzled as wgmma reads them), raw weight bytes (8 KB) and
+// activation scales to shared memory kStages − 1 blocks ahead (cp.async), then turn the weights
+// into e5m2 in the stage's B (byte permutes from a table per 32-block, 11 instructions per 8
+// weights). The two consumers (warpgroups 2 and 3, 64 token rows each) multiply on the tensor
+// cores and promote; while one promotes, the other's products run. A consumer whose rows are all
+// empty (a short tile) does nothing. The producers' latency bounds the kernel, so they are two
+// warpgroups, and the registers are moved to the consumers, which hold two accumulators.
 #include <cuda_runtime.h>
 
 #include "backend/cuda/async_copy.cuh"
@@ -41,7 +43,10 @@ namespace dsv4::cuda {
 namespace {
 
 constexpr int kBM = 128, kBN = 128, kBK = 128, kStages = 4;
-constexpr int kProducers = 128, kConsumers = 256, kThreads = kProducers + kConsumers;
+constexpr int kProducers = 256, kConsumers = 256, kThreads = kProducers + kConsumers;
+// Registers per thread of each role once the roles split (setmaxnreg): together the register file.
+constexpr int kProducerRegisters = 64, kConsumerRegisters = 192;
+static_assert(kProducers * kProducerRegisters + kConsumers * kConsumerRegisters == 65536, "the register file");
 constexpr int kSubBlocks = kBK / 32;  // FP4 scale blocks per K block
 constexpr int kTopShift = 13;         // 6 · 2^13 is below e5m2's largest, 57 344; 0.5 · 2^-13 its smallest normal
 constexpr int kABytes = kBM * kBK, kBBytes = kBN * kBK, kRawBytes = kBN * kBK / 2;
@@ -205,44 +210,65 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   if (tid < kProducers) {
-    // Producer thread r: weight row r (its raw bytes and their e5m2), activation row r's scale and
-    // chunk r % 8 of activation rows r / 8 + 16i.
-    const int r = tid, R = row_shift[0][r];
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegisters));
+    // Producer thread tid: half h = tid / kBN of weight row r = tid % kBN (its raw bytes and their
+    // e5m2: 32-blocks 2h, 2h + 1 of each K block), chunk tid % 8 of activation rows tid / 8 + 32i,
+    // and in the first half activation row r's scale.
+    const int r = tid % kBN, h = tid / kBN, R = row_shift[0][r];
     const bool row_ok = n0 + r < p.rows;
     const uint8_t* weights = W.data + (row_ok ? (p.row0 + n0 + r) * (K / 2) : 0);
+    // Where in x the activation rows it copies start (their chunk r % 8), −1 for none: read from
+    // shared memory once, not per block.
+    constexpr int kCopies = kBM * 8 / kProducers;  // 16-byte activation chunks per thread and block
+    const int chunk = tid % 8;
+    int64_t a_at[kCopies];
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i) {
+      const int64_t src = src_of[tid / 8 + (kProducers / 8) * i];
+      a_at[i] = src >= 0 ? src * K + 16 * chunk : -1;
+    }
+    const int64_t sx_src = src_of[r];
     auto issue = [&](int kb) {
       const int slot = kb % kStages;
       const int64_t k0 = int64_t(kb) * kBK;
       unsigned char* A = smem + kAOff + slot * kABytes;
+      const bool chunk_in = k0 + 16 * chunk < K;
 #pragma unroll
-      for (int i = 0; i < kBM / 16; ++i) {
-        const int a = r / 8 + 16 * i, c = r % 8;
-        const int64_t src = src_of[a], k = k0 + 16 * c;
-        const bool ok = src >= 0 && k < K;
-        copy_async_16(A + swizzled(a, c), x + (ok ? src * K + k : 0), ok);
+      for (int i = 0; i < kCopies; ++i) {
+        const bool ok = a_at[i] >= 0 && chunk_in;
+        copy_async_16(A + swizzled(tid / 8 + (kProducers / 8) * i, chunk), x + (ok ? a_at[i] + k0 : 0), ok);
       }
       unsigned char* raw = smem + kRawOff + slot * kRawBytes;
 #pragma unroll
-      for (int c = 0; c < kSubBlocks; ++c) {
+      for (int c = 2 * h; c < 2 * h + 2; ++c) {
         const int64_t k = k0 + 32 * c;
         const bool ok = row_ok && k < K;
         copy_async_16(raw + raw_chunk(r, c), weights + (ok ? k / 2 : 0), ok);
       }
       float* to = sx_s + slot * kBM + r;
-      if (src_of[r] >= 0) copy_async_small<4>(to, sx + int64_t(kb) * n_src + src_of[r]);
+      if (h == 1) return;
+      if (sx_src >= 0) copy_async_small<4>(to, sx + int64_t(kb) * n_src + sx_src);
       else *to = 0.0f;
     };
+    // All of the block's raw words and scales first: the loads need not wait for the stores.
     auto convert = [&](int kb) {
       const int slot = kb % kStages;
       const unsigned char* raw = smem + kRawOff + slot * kRawBytes;
       unsigned char* B = smem + kBOff + slot * kBBytes;
+      uint4 w[2];
+      int t[2];
 #pragma unroll
-      for (int c = 0; c < kSubBlocks; ++c) {
-        const int j = kb * kSubBlocks + c;
-        const uint4 w = *reinterpret_cast<const uint4*>(raw + raw_chunk(r, c));
-        const uint2 table = e5m2_table(j < n_sub ? int(scales[j * kBN + r]) - R : -kTopShift - 1);
-        const uint2 a = e2m1x8_e5m2(w.x, table), b = e2m1x8_e5m2(w.y, table), e = e2m1x8_e5m2(w.z, table),
-                    f = e2m1x8_e5m2(w.w, table);
+      for (int i = 0; i < 2; ++i) {
+        const int c = 2 * h + i, j = kb * kSubBlocks + c;
+        w[i] = *reinterpret_cast<const uint4*>(raw + raw_chunk(r, c));
+        t[i] = j < n_sub ? int(scales[j * kBN + r]) - R : -kTopShift - 1;
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int c = 2 * h + i;
+        const uint2 table = e5m2_table(t[i]);
+        const uint2 a = e2m1x8_e5m2(w[i].x, table), b = e2m1x8_e5m2(w[i].y, table),
+                    e = e2m1x8_e5m2(w[i].z, table), f = e2m1x8_e5m2(w[i].w, table);
         *reinterpret_cast<uint4*>(B + swizzled(r, 2 * c)) = make_uint4(a.x, a.y, b.x, b.y);
         *reinterpret_cast<uint4*>(B + swizzled(r, 2 * c + 1)) = make_uint4(e.x, e.y, f.x, f.y);
       }
@@ -267,6 +293,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
 
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegisters));
   const int wg = (tid - kProducers) / 128;
   if (wg >= consumers) return;
   const int row0 = 64 * wg + 16 * ((tid % 128) / 32) + lane / 4;  // this thread's rows: row0, row0 + 8
