@@ -52,7 +52,9 @@ TEST(CudaTensorCores, RoutedExpertsWithinTheRoundingBound) {
                 ref.out.size(), (long long)differ, rel, worst);
     EXPECT_LE(worst, 1.0) << in.name;
     EXPECT_LE(rel, 1e-2) << in.name;
-    if (path == tensor_cores_differ) EXPECT_GT(differ, 0) << in.name << ": the experts did not run on the tensor cores";
+    if (path == tensor_cores_differ) {
+      EXPECT_GT(differ, 0) << in.name << ": the experts did not run on the tensor cores";
+    }
   }
 }
 
