@@ -88,9 +88,14 @@ __device__ __forceinline__ uint2 e2m1x8_e5m2(uint32_t w, uint2 table) {
 }
 
 #ifdef DSV4_WGMMA
+// The shared-memory address of p, as PTX's shared-state-space operands take it.
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
 // A K-major operand tile of 128-byte rows under the 128-byte swizzle: 8-row groups 1024 bytes apart.
 __device__ __forceinline__ uint64_t tile_descriptor(const void* tile) {
-  const uint32_t at = static_cast<uint32_t>(__cvta_generic_to_shared(tile));
+  const uint32_t at = shared_address(tile);
   return uint64_t((at & 0x3FFFF) >> 4) | uint64_t(1) << 16 | uint64_t(1024 >> 4) << 32 | uint64_t(1) << 62;
 }
 
@@ -127,9 +132,6 @@ __device__ __forceinline__ void fence_for_tensor_cores() { asm volatile("fence.p
 // A barrier in shared memory (mbarrier) that completes a phase once `count` arrivals have come;
 // arriving releases this thread's earlier accesses of shared memory, and a wait for a phase
 // acquires those of every arrival in it. Phases alternate in parity, from 0.
-__device__ __forceinline__ uint32_t shared_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 __device__ __forceinline__ void barrier_init(uint64_t* b, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(b)), "r"(count) : "memory");
 }
@@ -217,8 +219,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int r = tid % kBN, h = tid / kBN, R = row_shift[0][r];
     const bool row_ok = n0 + r < p.rows;
     const uint8_t* weights = W.data + (row_ok ? (p.row0 + n0 + r) * (K / 2) : 0);
-    // Where in x the activation rows it copies start (their chunk r % 8), −1 for none: read from
-    // shared memory once, not per block.
+    // Where in x the activation rows it copies start (their chunk tid % 8), −1 for none: read
+    // from shared memory once, not per block.
     constexpr int kCopies = kBM * 8 / kProducers;  // 16-byte activation chunks per thread and block
     const int chunk = tid % 8;
     int64_t a_at[kCopies];
@@ -245,8 +247,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         const bool ok = row_ok && k < K;
         copy_async_16(raw + raw_chunk(r, c), weights + (ok ? k / 2 : 0), ok);
       }
+      if (h == 1) return;  // the first half copies the activation scales
       float* to = sx_s + slot * kBM + r;
-      if (h == 1) return;
       if (sx_src >= 0) copy_async_small<4>(to, sx + int64_t(kb) * n_src + sx_src);
       else *to = 0.0f;
     };
