@@ -6,12 +6,14 @@
 
 #include <cuda_runtime.h>
 
+#include "backend/cuda/device_math.cuh"
+
 namespace dsv4::cuda {
 
 // 16 bytes from src (global) to dst (shared); zeros when !valid, and src, which must still be an
 // address, is then not read.
 __device__ __forceinline__ void copy_async_16(void* dst, const void* src, bool valid) {
-  const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  const uint32_t to = shared_address(dst);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(to), "l"(src), "r"(valid ? 16 : 0) : "memory");
 }
 
@@ -20,7 +22,7 @@ __device__ __forceinline__ void copy_async_16(void* dst, const void* src, bool v
 template <int kBytes>
 __device__ __forceinline__ void copy_async_small(void* dst, const void* src) {
   static_assert(kBytes == 4 || kBytes == 8, "cp.async.ca copies 4, 8 or 16 bytes");
-  const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  const uint32_t to = shared_address(dst);
   asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(to), "l"(src), "n"(kBytes) : "memory");
 }
 

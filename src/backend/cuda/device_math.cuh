@@ -148,12 +148,18 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
 __device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) { return *reinterpret_cast<const uint32_t*>(&v); }
 __device__ __forceinline__ uint32_t bf16x2_bits(float a, float b) { return bf16x2_bits(__floats2bfloat162_rn(a, b)); }
 
+// The 32-bit shared-window address of a generic pointer into shared memory, as the shared::cta
+// operands of ldmatrix, cp.async, mbarrier and wgmma's descriptors take it.
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
 // Four 8 × 8 matrices of 16-bit values from shared memory (ldmatrix): lanes 8m … 8m + 7 give the
 // addresses of matrix m's rows (16 bytes each), and lane 4·r + c receives r[m] = row r's elements
 // 2c, 2c + 1 of matrix m; transposed (kTrans), column r's instead.
 template <bool kTrans>
 __device__ __forceinline__ void load_matrices(uint32_t (&r)[4], const void* row) {
-  const unsigned at = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  const uint32_t at = shared_address(row);
   if constexpr (kTrans)
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

@@ -88,11 +88,6 @@ __device__ __forceinline__ uint2 e2m1x8_e5m2(uint32_t w, uint2 table) {
 }
 
 #ifdef DSV4_WGMMA
-// The shared-memory address of p, as PTX's shared-state-space operands take it.
-__device__ __forceinline__ uint32_t shared_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 // A K-major operand tile of 128-byte rows under the 128-byte swizzle: 8-row groups 1024 bytes apart.
 __device__ __forceinline__ uint64_t tile_descriptor(const void* tile) {
   const uint32_t at = shared_address(tile);
