@@ -8,6 +8,9 @@
 #                                                  embed_kernel (e.g. '.'), the total per kernel of
 #                                                  the last forward pass (a decoded token: the
 #                                                  launches from the last embed on)
+#   bench/ncu.sh sass REGEX SKIP [BENCH ARGS...]   the same launch's warp stall samples per SASS
+#                                                  instruction: the TOP (40) most sampled, with
+#                                                  their reasons
 #   bench/ncu.sh full REGEX SKIP [BENCH ARGS...]   ncu's full sections for one launch: the one after
 #                                                  the first SKIP matching REGEX (matched against
 #                                                  the demangled name, template arguments included,
@@ -24,7 +27,7 @@ out=${OUT:-/tmp}
 mode=${1:?times or full}
 regex=${2:?a kernel name regex}
 shift 2
-if [ "$mode" = full ]; then
+if [ "$mode" = full ] || [ "$mode" = sass ]; then
   skip=${1:?how many matching launches to skip}
   shift
 fi
@@ -70,5 +73,30 @@ PY
     grep -E "^  [a-z].*Context|Grid Size|Block Size|Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Issued Ipc|highest-utilized|Registers Per|Dynamic Shared Memory Per|Block Limit (Registers|Shared)|Theoretical Occ|Achieved Occ|No Eligible|Eligible Warps|Warp Cycles Per Issued|Executed Instructions  |L2 Hit|Local Memory Spilling Requests  " "$report"
     echo "report: $report"
     ;;
-  *) echo "bench/ncu.sh: mode '$mode' is not times or full" >&2; exit 2 ;;
+  sass)
+    report="$out/ncu_sass_$(echo "$regex" | tr -c 'A-Za-z0-9_' '_' | cut -c1-40)"
+    timeout "${TIMEOUT:-300}" "$ncu" --section WarpStateStats --section SourceCounters --import-source no \
+      --cache-control none --clock-control none --kernel-name-base demangled --kernel-name "regex:$regex" \
+      --launch-skip "$skip" --launch-count 1 -f -o "$report" build/dsv4 bench "${args[@]}" >"$report.log" 2>&1 ||
+      { tail -5 "$report.log"; exit 1; }
+    "$ncu" -i "$report.ncu-rep" --page source --csv --print-source sass >"$report.csv" 2>&1
+    TOP=${TOP:-40} python3 - "$report.csv" <<'PY'
+import csv, os, sys
+rows = list(csv.reader(open(sys.argv[1])))
+head = next(i for i, r in enumerate(rows) if "Source" in r)
+names, body = rows[head], rows[head + 1:]
+def col(name):
+    return next(i for i, n in enumerate(names) if n.startswith(name))
+total, src = col("Warp Stall Sampling (All"), col("Source")
+reasons = [i for i, n in enumerate(names) if n.startswith("stall_") or "Stall" in n and i != total and "Not-issued" not in n]
+num = lambda v: float(v.replace(",", "") or 0)
+body = [r for r in body if len(r) == len(names)]
+all_samples = sum(num(r[total]) for r in body)
+print(f"{len(body)} SASS instructions, {all_samples:.0f} stall samples; the most sampled:")
+for r in sorted(body, key=lambda r: -num(r[total]))[: int(os.environ["TOP"])]:
+    why = sorted(((num(r[i]), names[i]) for i in reasons if num(r[i]) > 0), reverse=True)[:3]
+    print(f"  {100 * num(r[total]) / all_samples:5.1f}%  {r[src][:60]:60s} " + ", ".join(f"{n} {v:.0f}" for v, n in why))
+PY
+    ;;
+  *) echo "bench/ncu.sh: mode '$mode' is not times, sass or full" >&2; exit 2 ;;
 esac
