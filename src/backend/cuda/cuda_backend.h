@@ -49,9 +49,10 @@ struct AttnArgs;  // one attention call's operands (attention_rows.cuh)
 class TensorCoreGemm;  // deepseek-tc's tensor-core products (gemm_tc.h)
 
 // The layouts in which a quantized product's activations are prepared (gemm.cu's act_quant): the
-// e4m3 values as floats; e4m3 bytes (deepseek-tc's FP8 tensor cores); integer byte planes (FP4
-// weights on the exact path).
-enum class QuantizedForm { values, codes, planes };
+// e4m3 values as floats; e4m3 bytes (deepseek-tc's FP8 tensor cores); the same bytes with K
+// reordered within each 32-block as the FP4 experts' tensor-core kernel pairs them with its
+// weights (gemm_experts_tc.cu); integer byte planes (FP4 weights on the exact path).
+enum class QuantizedForm { values, codes, fragment_codes, planes };
 
 struct GemmRequest {
   LinearView W;
@@ -237,7 +238,7 @@ class CudaBackend final : public Backend {
   // deepseek-tc, many queries: the bf16 tensor cores (attention_tc.cu).
   void tensor_core_attention(const AttnArgs& a, int64_t T);
   // deepseek-tc, routed FP4 experts of many rows: the FP8 tensor cores (gemm_experts_tc.cu), from
-  // the activations in QuantizedForm::codes (rows of r.W.in bytes, scales sx [K/128][rows]);
+  // the activations in QuantizedForm::fragment_codes (rows of r.W.in bytes, scales sx [rows][K/128]);
   // scratch holds the grouping.
   void tensor_core_experts(const GemmRequest& r, const uint8_t* x, const float* sx, int32_t* scratch);
 

@@ -74,10 +74,11 @@ __host__ __device__ constexpr int chunk_elems(int format) {
 // Phase 1: ActQuantFP8 of each 128-block of each source row: one warp per block, 4 consecutive
 // elements per lane (one 16-byte load when the rows allow), the block's amax by a warp fmax; grid
 // (rows, K blocks / kQuantWarps). The e4m3 values go to `out` in `form` (QuantizedForm): as floats;
-// as e4m3 bytes (the FP8 tensor cores' operand, deepseek-tc); for FP4 weights as the integers
+// as e4m3 bytes (the FP8 tensor cores' operand, deepseek-tc), in K order or with each 32-block's
+// groups of 4 reordered for the experts' kernel (gemm_experts_tc.cu); for FP4 weights as the integers
 // k = x · 2^9 in three byte planes per group of 4 (see the top; plane_words per row, K padded with
-// zeros to whole 32-tiles). The scales go to sx: per row, [rows][K/128]; for the FP8 tensor cores
-// per K block, [K/128][rows] (their layout).
+// zeros to whole 32-tiles). The scales go to sx: per row, [rows][K/128]; for cuBLASLt's FP8
+// products per K block, [K/128][rows] (their layout).
 constexpr int kQuantWarps = 8;
 __global__ void act_quant_kernel(const float* x, int64_t x_stride, int64_t K, int64_t n_k128, QuantizedForm form,
                                  void* out, int64_t plane_words, float* sx) {
@@ -102,8 +103,11 @@ __global__ void act_quant_kernel(const float* x, int64_t x_stride, int64_t K, in
   if (lane == 0) sx[form == QuantizedForm::codes ? b * gridDim.x + m : m * n_k128 + b] = ldexpf(1.0f, e);
   const bool whole = k + 4 <= K && K % 4 == 0;  // the lane's 4 outputs one aligned store
   switch (form) {
-    case QuantizedForm::codes: {  // each value is on the e4m3 grid: the conversions are exact
-      uint8_t* o = static_cast<uint8_t*>(out) + m * K + k;
+    case QuantizedForm::codes:
+    case QuantizedForm::fragment_codes: {  // each value is on the e4m3 grid: the conversions are exact
+      // Group g = lane % 8 of its 32-block (K is then a multiple of 32) goes to place 4 (g % 2) + g / 2.
+      const int64_t at = form == QuantizedForm::codes ? k : k - 4 * (lane % 8) + 4 * (4 * (lane % 2) + lane % 8 / 2);
+      uint8_t* o = static_cast<uint8_t*>(out) + m * K + at;
       uint32_t word = 0;
 #pragma unroll
       for (int i = 0; i < 4; ++i) word |= uint32_t(__nv_cvt_float_to_fp8(q[i], __NV_SATFINITE, __NV_E4M3)) << (8 * i);
@@ -588,11 +592,12 @@ void CudaBackend::gemm(const GemmRequest& r) {
   // activations as integer byte planes (see the top), on either kernel.
   const bool planes = tiled && W.format == kFp4 && !tc_experts;
   const QuantizedForm form = planes                       ? QuantizedForm::planes
-                             : tensor_cores || tc_experts ? QuantizedForm::codes
-                                                          : QuantizedForm::values;
+                             : tc_experts   ? QuantizedForm::fragment_codes
+                             : tensor_cores ? QuantizedForm::codes
+                                            : QuantizedForm::values;
   const int64_t plane_words = planes ? (K + 31) / 32 * 24 : 0;
   const int64_t row_floats = planes ? plane_words
-                             : form == QuantizedForm::codes ? (K + 3) / 4  // 4 bytes a float
+                             : form != QuantizedForm::values ? (K + 3) / 4  // 4 bytes a float
                                                             : K;
   const size_t n_qx = tiled ? (size_t(n_src * row_floats) + 3) / 4 * 4 : 0;  // scales 16-byte aligned
   const size_t n_sx = tiled ? size_t(n_src * n_k128) : 0;

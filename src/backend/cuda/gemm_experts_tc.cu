@@ -1,30 +1,39 @@
 // deepseek-tc's routed FP4 experts on the FP8 tensor cores (gemm_experts_tc.h), Hopper's wgmma.
 //
-// The rows are grouped by expert (row_grouping.cuh, tiles of 128) and each block takes 128 rows of
-// one expert against 128 of its output rows, so an expert's weights are read once per 128 tokens,
-// as stored (FP4 nibbles and their E8M0 1×32 scales). The activations are act_quant's e4m3 codes
-// (QuantizedForm::codes) with their 1×128 scales. The weights become e5m2 in shared memory, exact:
-// an e2m1 value times 2^t is an e5m2 value for every t in [−13, 13] (e5m2 spans 2^-14 … 57 344 with
+// The rows are grouped by expert (row_grouping.cuh, tiles of 128) and each block takes 128 token
+// rows of one expert against 128 of its weight rows, so an expert's weights are read once per 128
+// tokens, as stored (FP4 nibbles and their E8M0 1×32 scales). The activations are act_quant's e4m3
+// codes (QuantizedForm::fragment_codes) with their 1×128 scales. The weights become e5m2, exact: an
+// e2m1 value times 2^t is an e5m2 value for every t in [−13, 13] (e5m2 spans 2^-14 … 57 344 with
 // normals, and e2m1 has one mantissa bit to e5m2's two). So each weight row takes one common
 // exponent R (its largest 1×32 scale over K, less 13) and each of its 32-blocks becomes e2m1 · 2^t
 // with t = its scale − R; a block more than 2^26 below the row's largest is dropped (its products
 // are below 2^-26 of the row's others: the approximation this numerics allows). The tensor cores
-// then multiply e4m3 by e5m2 exactly and accumulate over one 128-block of K (four wgmma k32 steps,
-// in their own reduced-precision fp32), and the partial is scaled by the row's activation scale
+// then multiply e5m2 by e4m3 exactly and accumulate over one 128-block of K (four wgmma k32 steps,
+// in their own reduced-precision fp32), and the partial is scaled by the token's activation scale
 // and added to an fp32 accumulator on the CUDA cores, one 128-block at a time (the official
 // kernels' promotion, architecture.md §5); the result times 2^R is rounded to bf16.
 //
-// The work is split by warpgroup, and the warpgroups meet only at barriers in shared memory (one
-// per stage that fills, one that empties), so each runs at its own pace. The producers (warpgroups
-// 0 and 1: two threads per weight row, a half of each K block each) copy each K block's
-// activations (16 KB, 128-byte rows swizzled as wgmma reads them), raw weight bytes (8 KB) and
-// activation scales to shared memory kStages − 1 blocks ahead (cp.async), then turn the weights
-// into e5m2 in the stage's B (byte permutes from a table per 32-block, 11 instructions per 8
-// weights). The two consumers (warpgroups 2 and 3, 64 token rows each) multiply on the tensor
-// cores and promote; while one promotes, the other's products run. A consumer whose rows are all
-// empty (a short tile) does nothing. The producers' latency bounds the kernel, so they are two
-// warpgroups, and the registers are moved to the consumers, which hold two accumulators.
+// The weights are wgmma's A operand, from registers: each consumer thread loads its raw nibbles
+// from shared memory (ldmatrix: 8 consecutive codes of a 32-block per register) and turns them into
+// e5m2 in place (byte permutes from a table per 32-block), so the converted weights never cross
+// shared memory. A fragment register holds 4 consecutive K positions, and its thread's 8 codes
+// fill two registers that wgmma reads 16 positions apart; act_quant writes the activations with
+// each 32-block's groups of 4 reordered to match (group g at place 4 (g % 2) + g / 2), and the sum
+// over K does not depend on its order. The tokens are the B operand, from shared memory.
+//
+// The work is split by warpgroup, meeting only at barriers in shared memory (one per stage that
+// fills, one that empties). The tile's activation scales and weight scales reach shared memory
+// once, at its start. The producer (warpgroup 0) copies each K block's activations (16 KB, 128-byte
+// rows swizzled as wgmma reads them) and raw weight bytes (8 KB) kStages − 1 blocks ahead
+// (cp.async, a warp's copies whole rows). The two consumers (warpgroups 1 and 2, 64
+// weight rows each) convert their next block's weights while the tensor cores multiply this one,
+// then promote; while one promotes, the other's products run. The registers are moved to the
+// consumers (setmaxnreg), which hold two accumulators and two blocks' weight fragments.
 #include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/device_math.cuh"
@@ -42,26 +51,35 @@ namespace dsv4::cuda {
 
 namespace {
 
-constexpr int kBM = 128, kBN = 128, kBK = 128, kStages = 4;
-constexpr int kProducers = 256, kConsumers = 256, kThreads = kProducers + kConsumers;
-// Registers per thread of each role once the roles split (setmaxnreg): together the register file.
-constexpr int kProducerRegisters = 64, kConsumerRegisters = 192;
-static_assert(kProducers * kProducerRegisters + kConsumers * kConsumerRegisters == 65536, "the register file");
-constexpr int kSubBlocks = kBK / 32;  // FP4 scale blocks per K block
-constexpr int kTopShift = 13;         // 6 · 2^13 is below e5m2's largest, 57 344; 0.5 · 2^-13 its smallest normal
-constexpr int kABytes = kBM * kBK, kBBytes = kBN * kBK, kRawBytes = kBN * kBK / 2;
-// Shared memory from a 1024-byte boundary (the swizzle's period): the stages' activations, e5m2
-// weights, raw weights and activation scales, then per output row its scales (by block,
-// [K/32][kBN]) and its 2^R.
-constexpr size_t kAOff = 0, kBOff = kAOff + size_t(kStages) * kABytes, kRawOff = kBOff + size_t(kStages) * kBBytes,
-                 kSxOff = kRawOff + size_t(kStages) * kRawBytes, kRowScaleOff = kSxOff + size_t(kStages) * kBM * 4,
-                 kScalesOff = kRowScaleOff + kBN * 4;
-size_t smem_bytes(int64_t K) { return 1024 + kScalesOff + size_t((K + 31) / 32) * kBN; }
+constexpr int kBM = 128, kBN = 128, kBK = 128, kStages = 6;  // token rows, weight rows, K per block
+constexpr int kProducers = 128, kConsumers = 256, kThreads = kProducers + kConsumers;
+// Registers per thread of each role once the roles split (setmaxnreg): together what the block is
+// given at launch, 168 a thread (__launch_bounds__ with one block per SM).
+constexpr int kProducerRegisters = 88, kConsumerRegisters = 208;
+static_assert(kThreads - 2 * kBN == kBM, "the threads past the weight scales' take one token row each");
+static_assert(kProducers * kProducerRegisters + kConsumers * kConsumerRegisters == kThreads * 168, "the block's registers");
+constexpr int kTopShift = 13;  // 6 · 2^13 is below e5m2's largest, 57 344; 0.5 · 2^-13 its smallest normal
+constexpr int kXBytes = kBM * kBK, kRawBytes = kBN * kBK / 2;
+// A K block's activation scales, by the consumer lane that reads them: lane % 4 = c promotes the
+// tokens 8j + 2c + e (j < 16, e < 2), whose scales sit at c · kScaleGroup + 2j + e (the groups
+// padded so the four lie on different banks).
+constexpr int kScaleGroup = 36, kBlockScales = 4 * kScaleGroup;
+__host__ __device__ constexpr int scale_place(int token) { return token % 8 / 2 * kScaleGroup + 2 * (token / 8) + token % 2; }
+// Bytes per weight row of the E8M0 scale table: one word per K block (zeros past K), and a word
+// more so that the rows a warp reads at once lie on different banks.
+__host__ __device__ constexpr int64_t scale_stride(int64_t K) { return 4 * ((K + kBK - 1) / kBK) + 4; }
+// Shared memory from a 1024-byte boundary (the swizzle's period): the stages' activations and raw
+// weights, per weight row its 2^R, then the tile's activation scales ([K/128][kBlockScales]) and
+// the weights' scale table.
+constexpr size_t kXOff = 0, kRawOff = kXOff + size_t(kStages) * kXBytes, kRowScaleOff = kRawOff + size_t(kStages) * kRawBytes,
+                 kSxOff = kRowScaleOff + kBN * 4;
+__host__ __device__ inline size_t scales_offset(int64_t K) { return kSxOff + size_t((K + kBK - 1) / kBK) * kBlockScales * 4; }
+size_t smem_bytes(int64_t K) { return 1024 + scales_offset(K) + size_t(kBN * scale_stride(K)); }
 
 // Byte offset of 16-byte chunk c of row r in a tile of 128-byte rows, as wgmma's 128-byte swizzle
 // reads it: the chunks of each row permuted by the row's index mod 8.
 __device__ __forceinline__ int swizzled(int r, int c) { return r * 128 + 16 * (c ^ (r & 7)); }
-// Where chunk c of raw weight row r sits in its 64 bytes: the 8 rows a quarter-warp reads at once
+// Where chunk c of raw weight row r sits in its 64 bytes: the 8 rows one ldmatrix matrix reads
 // land on distinct banks.
 __device__ __forceinline__ int raw_chunk(int r, int c) { return r * 64 + 16 * (c ^ ((r >> 1) & 3)); }
 
@@ -71,20 +89,35 @@ __device__ __forceinline__ uint32_t permute(uint32_t a, uint32_t b, uint32_t sel
   return d;
 }
 
-// The e5m2 codes of the e2m1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 times 2^t, by byte (codes 0–3,
-// 4–7): exponents shifted by t, zero stays zero; all zeros for t below −kTopShift (dropped).
-__device__ __forceinline__ uint2 e5m2_table(int t) {
-  if (t < -kTopShift) return make_uint2(0, 0);
-  return make_uint2(0x3E3C3800u + uint32_t(t) * 0x04040400u, 0x46444240u + uint32_t(t) * 0x04040404u);
+// A 32-block's entry in the weight scale table: u = 4 (t + kTopShift) for its shift t = scale − R
+// in [−kTopShift, kTopShift], kDropped for a block more than that below (its codes are copied as
+// zeros).
+constexpr uint32_t kDropped = 0xFF;
+__device__ __forceinline__ uint32_t shift_entry(int scale, int R) {
+  const int t = scale - R;
+  return t < -kTopShift ? kDropped : uint32_t(4 * (t + kTopShift));
+}
+
+// The e5m2 codes of the e2m1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 times 2^t, negated (the sign
+// bit set: e2m1x8_e5m2 clears it for positive codes), by byte (codes 0–3, 4–7), from the entry u of
+// byte q of `entries`: the exponent field moves by t, each byte's sum stays below 256; zero stays
+// zero. For a dropped block only code 0 occurs, whose byte is right whatever u is.
+template <int kQ>
+__device__ __forceinline__ uint2 e5m2_table(uint32_t entries) {
+  constexpr uint32_t q = kQ;
+  const uint32_t u_high3 = permute(entries, 0, 0x4 | q << 4 | q << 8 | q << 12), u_all4 = permute(entries, 0, q * 0x1111);
+  // 0x80 | 0x38, 0x3C, 0x3E and 0x40, 0x42, 0x44, 0x46 (2^-1 … 6 at t = 0) less 4 · kTopShift
+  return make_uint2(u_high3 + 0x8A888480u, u_all4 + 0x92908E8Cu);
 }
 
 // Eight e2m1 codes (the first in the low nibble) as eight e5m2 bytes by `table`.
 __device__ __forceinline__ uint2 e2m1x8_e5m2(uint32_t w, uint2 table) {
   const uint32_t magnitude = w & 0x77777777u;
   const uint32_t lo = permute(table.x, table.y, magnitude), hi = permute(table.x, table.y, magnitude >> 16);
-  // 0x01 per positive code, 0x00 per negative one (its selector's top bit replicates 0x01's sign)
+  // 0x01 per positive code, 0x00 per negative one (its selector's top bit replicates 0x01's sign);
+  // subtracting 0x80 per positive code clears that byte's sign bit, borrowing nothing.
   const uint32_t lo_pos = permute(0x01010101u, 0x01010101u, w), hi_pos = permute(0x01010101u, 0x01010101u, w >> 16);
-  return make_uint2(lo | (~(lo_pos << 7) & 0x80808080u), hi | (~(hi_pos << 7) & 0x80808080u));
+  return make_uint2(lo - 0x80u * lo_pos, hi - 0x80u * hi_pos);
 }
 
 #ifdef DSV4_WGMMA
@@ -94,19 +127,20 @@ __device__ __forceinline__ uint64_t tile_descriptor(const void* tile) {
   return uint64_t((at & 0x3FFFF) >> 4) | uint64_t(1) << 16 | uint64_t(1024 >> 4) << 32 | uint64_t(1) << 62;
 }
 
-// d (+)= A · Bᵀ over 32 of K: A 64 rows of e4m3, B 128 rows of e5m2; d = A · Bᵀ when !accumulate.
+// d (+)= A · Bᵀ over 32 of K: A 64 rows of e5m2 in registers (a: this thread's fragment), B 128
+// rows of e4m3 in shared memory; d = A · Bᵀ when !accumulate.
 template <bool kAccumulate>
-__device__ __forceinline__ void wgmma_k32(float (&d)[64], uint64_t a, uint64_t b) {
+__device__ __forceinline__ void wgmma_k32(float (&d)[64], const uint32_t* a, uint64_t b) {
 #define DSV4_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e5m2 "
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e5m2.e4m3 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
       "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "
       "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "%64, %65, p, 1, 1;\n}\n"
+      "{%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
       : DSV4_D8(0), DSV4_D8(8), DSV4_D8(16), DSV4_D8(24), DSV4_D8(32), DSV4_D8(40), DSV4_D8(48), DSV4_D8(56)
-      : "l"(a), "l"(b), "n"(kAccumulate ? 1 : 0));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(kAccumulate ? 1 : 0));
 #undef DSV4_D8
 }
 
@@ -144,7 +178,7 @@ __device__ __forceinline__ void barrier_wait(uint64_t* b, int parity) {
 }
 #endif
 
-// x: the activations' e4m3 codes, rows of K; sx: their scales [K/128][source rows].
+// x: the activations' e4m3 codes, rows of K in fragment order; sx: their scales [source rows][K/128].
 __global__ void __launch_bounds__(kThreads, 1)
     experts_fp8_kernel(GemmRequest p, const uint8_t* x, const float* sx, Grouping g) {
 #ifdef DSV4_WGMMA
@@ -152,122 +186,115 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ unsigned char smem_base[];
   const uint32_t base = shared_address(smem_base);
   unsigned char* smem = smem_base + (1024 - base % 1024) % 1024;
-  float* sx_s = reinterpret_cast<float*>(smem + kSxOff);        // [kStages][kBM]
-  float* row_scale = reinterpret_cast<float*>(smem + kRowScaleOff);  // [kBN]: 2^R of each output row
-  uint8_t* scales = smem + kScalesOff;                           // [K/32][kBN]: E8M0 bytes
+  float* row_scale = reinterpret_cast<float*>(smem + kRowScaleOff);  // [kBN]: 2^R of each weight row
+  float* sx_s = reinterpret_cast<float*>(smem + kSxOff);             // [K/128][kBlockScales]
+  const int64_t K = p.W.in;
+  uint8_t* scales = smem + scales_offset(K);  // [kBN][scale_stride]: E8M0 bytes
   __shared__ int64_t src_of[kBM], out_of[kBM];
-  __shared__ int row_shift[2][kBN];  // each half's largest scale byte, then R's byte
+  __shared__ int row_top[2][kBN];  // each half's largest scale byte
   __shared__ uint64_t filled[kStages], emptied[kStages];
   LinearView W;
   if (!tile_rows<kBM>(p, g, kBN, src_of, out_of, W)) return;
-  const int64_t n0 = int64_t(blockIdx.x) * kBN, K = p.W.in, n_src = (p.T + p.x_div - 1) / p.x_div;
-  const int n_kb = int((K + kBK - 1) / kBK), n_sub = int(K / 32);
+  const int64_t n0 = int64_t(blockIdx.x) * kBN;
+  const int n_kb = int((K + kBK - 1) / kBK), n_sub = int(K / 32), stride = int(scale_stride(K));
   const int tid = threadIdx.x, lane = tid % 32;
-  const int consumers = src_of[64] >= 0 ? 2 : 1;  // rows fill a tile from its start
 
-  // Thread (row tid % kBN, half tid / kBN), below 2 kBN, reads that half of the row's scale bytes
-  // (by words when the rows allow) and keeps their largest; R is the larger half's, less kTopShift.
+  // Thread (row tid % kBN, half tid / kBN), below 2 kBN, copies the words of every other K block of
+  // the row's scale bytes (zeros past K) into the table and keeps their largest byte; R is the
+  // larger half's, less kTopShift.
   if (tid < 2 * kBN) {
     const int r = tid % kBN, half = tid / kBN;
     const int64_t n = n0 + r;
     const uint8_t* row = scale_row<kFp4>(W, n < p.rows ? p.row0 + n : 0);
-    int top = 0;
-    if (W.scale_cols % 4 == 0 && n_sub % 8 == 0) {  // whole words (device scales start 256-byte aligned)
-      const uint32_t* words = reinterpret_cast<const uint32_t*>(row) + half * (n_sub / 8);
-      constexpr int kBatch = 8;  // loads in flight at once
-      for (int w0 = 0; w0 < n_sub / 8; w0 += kBatch) {
-        uint32_t v[kBatch];
+    uint32_t* table = reinterpret_cast<uint32_t*>(scales + r * stride);
+    const bool words = W.scale_cols % 4 == 0;  // (device scales start 256-byte aligned)
+    uint32_t top = 0;                          // bytewise
+    constexpr int kBatch = 8;                  // loads in flight at once
+    for (int w0 = half; w0 < n_kb; w0 += 2 * kBatch) {
+      uint32_t v[kBatch];
 #pragma unroll
-        for (int i = 0; i < kBatch; ++i) v[i] = n < p.rows && w0 + i < n_sub / 8 ? words[w0 + i] : 0u;
-#pragma unroll
-        for (int i = 0; i < kBatch; ++i)
-#pragma unroll
-          for (int b = 0; b < 4; ++b) {
-            const int j = 4 * (half * (n_sub / 8) + w0 + i) + b, s = int(v[i] >> (8 * b) & 0xFF);
-            if (w0 + i < n_sub / 8) scales[j * kBN + r] = uint8_t(s), top = max(top, s);
-          }
+      for (int i = 0; i < kBatch; ++i) {
+        const int w = w0 + 2 * i;
+        v[i] = 0;
+        if (n >= p.rows || w >= n_kb) continue;
+        if (words && 4 * w + 4 <= n_sub) v[i] = reinterpret_cast<const uint32_t*>(row)[w];
+        else
+          for (int b = 0; b < 4 && 4 * w + b < n_sub; ++b) v[i] |= uint32_t(row[4 * w + b]) << (8 * b);
       }
-    } else {
-      for (int j = half; j < n_sub; j += 2) {
-        const int s = n < p.rows && j < W.scale_cols ? row[j] : 0;
-        scales[j * kBN + r] = uint8_t(s);
-        top = max(top, s);
-      }
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i)
+        if (w0 + 2 * i < n_kb) table[w0 + 2 * i] = v[i], top = __vmaxu4(top, v[i]);
     }
-    row_shift[half][r] = top;
+    row_top[half][r] = int(max(max(top & 0xFF, top >> 8 & 0xFF), max(top >> 16 & 0xFF, top >> 24)));
+  } else {  // the rest, one per token row: its activation scales of every K block (zeros for none)
+    const int t = tid - 2 * kBN;
+    const int64_t src = src_of[t];
+    const float* from = sx + (src >= 0 ? src : 0) * n_kb;
+    constexpr int kBatch = 8;
+    for (int kb0 = 0; kb0 < n_kb; kb0 += kBatch) {
+      float v[kBatch];
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) v[i] = src >= 0 && kb0 + i < n_kb ? from[kb0 + i] : 0.0f;
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i)
+        if (kb0 + i < n_kb) sx_s[(kb0 + i) * kBlockScales + scale_place(t)] = v[i];
+    }
   }
   if (tid == 0)
-    for (int s = 0; s < kStages; ++s) barrier_init(&filled[s], kProducers), barrier_init(&emptied[s], 4 * consumers);
+    for (int s = 0; s < kStages; ++s) barrier_init(&filled[s], kProducers), barrier_init(&emptied[s], kConsumers / 32);
   __syncthreads();
-  if (tid < kBN) {
-    const int R = max(row_shift[0][tid], row_shift[1][tid]) - kTopShift;
-    row_shift[0][tid] = R;
-    row_scale[tid] = ldexpf(1.0f, R - 127);
+  if (tid < 2 * kBN) {  // the same thread's words become shift entries (shift_entry)
+    const int r = tid % kBN, half = tid / kBN, R = max(row_top[0][r], row_top[1][r]) - kTopShift;
+    uint32_t* table = reinterpret_cast<uint32_t*>(scales + r * stride);
+    for (int w = half; w < n_kb; w += 2) {
+      const uint32_t v = table[w];
+      uint32_t entries = 0;
+#pragma unroll
+      for (int b = 0; b < 4; ++b) entries |= (4 * w + b < n_sub ? shift_entry(int(v >> (8 * b) & 0xFF), R) : 0u) << (8 * b);
+      table[w] = entries;
+    }
+    if (half == 0) row_scale[r] = ldexpf(1.0f, R - 127);
   }
   __syncthreads();
 
   if (tid < kProducers) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegisters));
-    // Producer thread tid: half h = tid / kBN of weight row r = tid % kBN (its raw bytes and their
-    // e5m2: 32-blocks 2h, 2h + 1 of each K block), chunk tid % 8 of activation rows tid / 8 + 32i,
-    // and in the first half activation row r's scale.
-    const int r = tid % kBN, h = tid / kBN, R = row_shift[0][r];
-    const bool row_ok = n0 + r < p.rows;
-    const uint8_t* weights = W.data + (row_ok ? (p.row0 + n0 + r) * (K / 2) : 0);
-    // Where in x the activation rows it copies start (their chunk tid % 8), −1 for none: read
-    // from shared memory once, not per block.
+    // Producer thread tid: chunk tid % 8 of activation rows tid / 8 + 16i, and chunk tid % 4 of
+    // weight rows tid / 4 + 32i (so a warp reads whole 128- and 64-byte rows).
+    const int chunk = tid % 8, w_chunk = tid % 4;
+    constexpr int kRawCopies = kBN * 4 / kProducers;  // 16-byte weight chunks per thread and block
+    // Byte offsets (32 bits: fits_tensor_core_experts) of the rows' chunks in W and in x, −1 for
+    // none, read from shared memory once, not per block.
+    int32_t w_at[kRawCopies];
+#pragma unroll
+    for (int i = 0; i < kRawCopies; ++i) {
+      const int64_t n = n0 + tid / 4 + (kProducers / 4) * i;
+      w_at[i] = n < p.rows ? int32_t((p.row0 + n) * (K / 2) + 16 * w_chunk) : -1;
+    }
     constexpr int kCopies = kBM * 8 / kProducers;  // 16-byte activation chunks per thread and block
-    const int chunk = tid % 8;
-    int64_t a_at[kCopies];
+    int32_t x_at[kCopies];
 #pragma unroll
     for (int i = 0; i < kCopies; ++i) {
       const int64_t src = src_of[tid / 8 + (kProducers / 8) * i];
-      a_at[i] = src >= 0 ? src * K + 16 * chunk : -1;
+      x_at[i] = src >= 0 ? int32_t(src * K + 16 * chunk) : -1;
     }
-    const int64_t sx_src = src_of[r];
     auto issue = [&](int kb) {
       const int slot = kb % kStages;
-      const int64_t k0 = int64_t(kb) * kBK;
-      unsigned char* A = smem + kAOff + slot * kABytes;
+      const int32_t k0 = kb * kBK;
+      unsigned char* X = smem + kXOff + slot * kXBytes;
       const bool chunk_in = k0 + 16 * chunk < K;
 #pragma unroll
       for (int i = 0; i < kCopies; ++i) {
-        const bool ok = a_at[i] >= 0 && chunk_in;
-        copy_async_16(A + swizzled(tid / 8 + (kProducers / 8) * i, chunk), x + (ok ? a_at[i] + k0 : 0), ok);
+        const bool ok = x_at[i] >= 0 && chunk_in;
+        copy_async_16(X + swizzled(tid / 8 + (kProducers / 8) * i, chunk), x + (ok ? x_at[i] + k0 : 0), ok);
       }
       unsigned char* raw = smem + kRawOff + slot * kRawBytes;
+      const bool w_chunk_in = k0 + 32 * w_chunk < K;
 #pragma unroll
-      for (int c = 2 * h; c < 2 * h + 2; ++c) {
-        const int64_t k = k0 + 32 * c;
-        const bool ok = row_ok && k < K;
-        copy_async_16(raw + raw_chunk(r, c), weights + (ok ? k / 2 : 0), ok);
-      }
-      if (h == 1) return;  // the first half copies the activation scales
-      float* to = sx_s + slot * kBM + r;
-      if (sx_src >= 0) copy_async_small<4>(to, sx + int64_t(kb) * n_src + sx_src);
-      else *to = 0.0f;
-    };
-    // All of the block's raw words and scales first: the loads need not wait for the stores.
-    auto convert = [&](int kb) {
-      const int slot = kb % kStages;
-      const unsigned char* raw = smem + kRawOff + slot * kRawBytes;
-      unsigned char* B = smem + kBOff + slot * kBBytes;
-      uint4 w[2];
-      int t[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int c = 2 * h + i, j = kb * kSubBlocks + c;
-        w[i] = *reinterpret_cast<const uint4*>(raw + raw_chunk(r, c));
-        t[i] = j < n_sub ? int(scales[j * kBN + r]) - R : -kTopShift - 1;
-      }
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int c = 2 * h + i;
-        const uint2 table = e5m2_table(t[i]);
-        const uint2 a = e2m1x8_e5m2(w[i].x, table), b = e2m1x8_e5m2(w[i].y, table),
-                    e = e2m1x8_e5m2(w[i].z, table), f = e2m1x8_e5m2(w[i].w, table);
-        *reinterpret_cast<uint4*>(B + swizzled(r, 2 * c)) = make_uint4(a.x, a.y, b.x, b.y);
-        *reinterpret_cast<uint4*>(B + swizzled(r, 2 * c + 1)) = make_uint4(e.x, e.y, f.x, f.y);
+      for (int i = 0; i < kRawCopies; ++i) {
+        const int row = tid / 4 + (kProducers / 4) * i;
+        const bool ok = w_at[i] >= 0 && w_chunk_in && scales[row * stride + 4 * kb + w_chunk] != kDropped;
+        copy_async_16(raw + raw_chunk(row, w_chunk), W.data + (ok ? w_at[i] + k0 / 2 : 0), ok);
       }
     };
     constexpr int kAhead = kStages - 1;
@@ -277,7 +304,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     for (int kb = 0; kb < n_kb; ++kb) {
       await_async_copies<kAhead - 1>();  // block kb's copies, this thread's
-      convert(kb);
       fence_for_tensor_cores();
       barrier_arrive(&filled[kb % kStages]);
       const int next = kb + kAhead;  // into the stage block next − kStages used, once it is emptied
@@ -291,36 +317,72 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegisters));
-  const int wg = (tid - kProducers) / 128;
-  if (wg >= consumers) return;
-  const int row0 = 64 * wg + 16 * ((tid % 128) / 32) + lane / 4;  // this thread's rows: row0, row0 + 8
-  float acc[64] = {}, part[64];
-  for (int kb = 0; kb < n_kb; ++kb) {
-    const int slot = kb % kStages;
-    barrier_wait(&filled[slot], (kb / kStages) & 1);
-    const uint64_t a = tile_descriptor(smem + kAOff + slot * kABytes + 64 * wg * 128),
-                   b = tile_descriptor(smem + kBOff + slot * kBBytes);
-    wgmma_begin();
-    wgmma_k32<false>(part, a, b);
+  const int ct = tid - kProducers, wg = ct / 128, warp = ct % 128 / 32;
+  const int wrow = 64 * wg + 16 * warp;  // the warp's 16 weight rows; this thread's: wrow + lane / 4 (+ 8)
+  const int lr = lane / 4, lc = lane % 4;  // the lane's row (of 8) and column (of 4) in mma terms
+  // ldmatrix: lanes 8m … 8m + 7 address matrix m = rows wrow + 8 (m % 2) + lane % 8 of segment m / 2
+  // (of the two in each load), so register m holds row lr (+ 8 for odd m) of that segment.
+  const int ld_row = wrow + 8 * (lane / 8 % 2) + lane % 8, ld_seg = lane / 16;
+  const uint32_t* table0 = reinterpret_cast<const uint32_t*>(scales + (wrow + lr) * stride);
+  const uint32_t* table1 = reinterpret_cast<const uint32_t*>(scales + (wrow + lr + 8) * stride);
+  // Block kb's A fragments: f[4q + i] is register i of K step q (rows lr, lr + 8 at places 4 lc … 4 lc + 3,
+  // then the same rows 16 places on), from the 8 codes at 8 lc … 8 lc + 7 of each row's 32-block q.
+  auto fragments = [&](int kb, uint32_t (&f)[16]) {
+    const unsigned char* raw = smem + kRawOff + (kb % kStages) * kRawBytes;
+    uint32_t w[8];  // w[2q + e]: row lr + 8e's codes of segment q
+    load_matrices<false>(*reinterpret_cast<uint32_t(*)[4]>(&w[0]), raw + raw_chunk(ld_row, ld_seg));
+    load_matrices<false>(*reinterpret_cast<uint32_t(*)[4]>(&w[4]), raw + raw_chunk(ld_row, 2 + ld_seg));
+    const uint32_t entries[2] = {table0[kb], table1[kb]};
+    auto segment = [&]<int kQ>() {
 #pragma unroll
-    for (int q = 1; q < kBK / 32; ++q) wgmma_k32<true>(part, a + 2 * q, b + 2 * q);  // 32 bytes on, in 16s
+      for (int e = 0; e < 2; ++e) {
+        const uint2 v = e2m1x8_e5m2(w[2 * kQ + e], e5m2_table<kQ>(entries[e]));
+        f[4 * kQ + e] = v.x, f[4 * kQ + 2 + e] = v.y;
+      }
+    };
+    segment.operator()<0>(), segment.operator()<1>(), segment.operator()<2>(), segment.operator()<3>();
+  };
+  float acc[64] = {}, part[64];
+  // One K block: its products (fragments `now`), the next block's fragments made meanwhile, then
+  // the promotion by each token's scale.
+  auto step = [&](int kb, const uint32_t (&now)[16], uint32_t (&next)[16]) {
+    const int slot = kb % kStages;
+    const uint64_t b = tile_descriptor(smem + kXOff + slot * kXBytes);
+    wgmma_begin();
+    wgmma_k32<false>(part, &now[0], b);
+#pragma unroll
+    for (int q = 1; q < kBK / 32; ++q) wgmma_k32<true>(part, &now[4 * q], b + 2 * q);  // 32 bytes on, in 16s
     wgmma_commit();
+    if (kb + 1 < n_kb) {
+      barrier_wait(&filled[(kb + 1) % kStages], ((kb + 1) / kStages) & 1);
+      fragments(kb + 1, next);
+    }
     wgmma_finish(part);
-    const float s0 = sx_s[slot * kBM + row0], s1 = sx_s[slot * kBM + row0 + 8];
+    float s[32];  // s[2j + e]: token 8j + 2 lc + e's scale
+    const float4* from = reinterpret_cast<const float4*>(sx_s + kb * kBlockScales + lc * kScaleGroup);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float4 v = from[i];
+      s[4 * i] = v.x, s[4 * i + 1] = v.y, s[4 * i + 2] = v.z, s[4 * i + 3] = v.w;
+    }
     __syncwarp();
     if (lane == 0) barrier_arrive(&emptied[slot]);  // the warp is done with the stage
+    // part[4j + e]: row lr (+ 8 for e ≥ 2), token 8j + 2 lc (+ 1 for odd e).
 #pragma unroll
-    for (int i = 0; i < 64; i += 4) {
-      acc[i] = fmaf(s0, part[i], acc[i]), acc[i + 1] = fmaf(s0, part[i + 1], acc[i + 1]);
-      acc[i + 2] = fmaf(s1, part[i + 2], acc[i + 2]), acc[i + 3] = fmaf(s1, part[i + 3], acc[i + 3]);
-    }
+    for (int i = 0; i < 64; ++i) acc[i] = fmaf(s[2 * (i / 4) + i % 2], part[i], acc[i]);
+  };
+  uint32_t fa[16], fb[16];
+  barrier_wait(&filled[0], 0);
+  fragments(0, fa);
+  for (int kb = 0; kb < n_kb; kb += 2) {
+    step(kb, fa, fb);
+    if (kb + 1 < n_kb) step(kb + 1, fb, fa);
   }
-  // acc[4j + e]: row row0 (+8 for e ≥ 2), column 8j + 2·(lane % 4) (+1 for odd e).
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
-    const int64_t m = out_of[row0 + (i % 4 >= 2 ? 8 : 0)];
-    const int col = 8 * (i / 4) + 2 * (lane % 4) + (i % 2);
-    if (m >= 0 && n0 + col < p.rows) p.y[m * p.y_stride + n0 + col] = round_bf16(acc[i] * row_scale[col]);
+    const int row = wrow + lr + (i % 4 >= 2 ? 8 : 0), token = 8 * (i / 4) + 2 * lc + i % 2;
+    const int64_t m = out_of[token];
+    if (m >= 0 && n0 + row < p.rows) p.y[m * p.y_stride + n0 + row] = round_bf16(acc[i] * row_scale[row]);
   }
 #endif
 }
@@ -339,7 +401,9 @@ bool device_has_wgmma() {
 }  // namespace
 
 bool fits_tensor_core_experts(const GemmRequest& r) {
+  const int64_t x_bytes = (r.T + r.x_div - 1) / r.x_div * r.W.in, w_bytes = (r.row0 + r.rows) * r.W.in / 2;
   return r.table && r.W.format == kFp4 && !r.W.scale_is_f32 && r.W.in % 32 == 0 &&
+         std::max(x_bytes, w_bytes) <= INT32_MAX &&  // the copies' 32-bit offsets
          smem_bytes(r.W.in) <= 227 * 1024 && device_has_wgmma();
 }
 

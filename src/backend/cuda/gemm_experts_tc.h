@@ -1,6 +1,6 @@
 // deepseek-tc's routed FP4 experts on the FP8 tensor cores (Hopper's wgmma): the prefill's grouped
 // product over the rows routed to each expert (the exact one is gemm_dmma.cu's integer kernel), run
-// by CudaBackend::tensor_core_experts from the activations in QuantizedForm::codes.
+// by CudaBackend::tensor_core_experts from the activations in QuantizedForm::fragment_codes.
 #pragma once
 
 #include "backend/cuda/cuda_backend.h"
