@@ -9,22 +9,49 @@
 // everywhere it reaches). Small K often sums exactly in fp32 as well; the case without a shared
 // expert and with K = 512 must differ somewhere, which shows the tensor cores ran. Too few rows
 // per expert keep the exact kernels: bit for bit.
+#include <algorithm>
+
 #include "moe_case.h"
 
 namespace dsv4::test {
+
+// Weight rows whose 32-block scales span more than the kernel's one exponent per row holds: in
+// every third row of each routed matrix one block far below the row's largest (dropped, its
+// products below 2^-26 of the row's others), in the next row one exactly 2^26 below (the
+// smallest shift kept).
+void widen_scales(MoeHost& h) {
+  for (auto& l : h.store) {
+    if (l->W.format != WeightFormat::fp4) continue;
+    const int64_t cols = l->W.scale_cols;
+    for (int64_t r = 0; r < l->W.out; ++r) {
+      uint8_t* row = l->scale.data() + r * cols;
+      const uint8_t top = *std::max_element(row, row + cols);
+      const int64_t j = r * 7 % cols;
+      if (r % 3 == 0) row[j] = uint8_t(top - 40);
+      if (r % 3 == 1 && row[j] != top) row[j] = uint8_t(top - 26);
+    }
+  }
+}
 
 TEST(CudaTensorCores, RoutedExpertsWithinTheRoundingBound) {
   DSV4_REQUIRE_GPU();
   const int64_t vocab = 64;
   enum Path { exact, tensor_cores, tensor_cores_differ };
-  const std::vector<std::pair<MoeCase, Path>> cases = {
+  struct Case {
+    MoeCase c;
+    Path path;
+    bool wide_scales = false;
+  };
+  const std::vector<Case> cases = {
       {{90, 8, 256, 128, 2, false, true, 10.0}, tensor_cores},  // rows grouped by expert, a shared expert
       {{70, 33, 96, 64, 3, true, false, 0.5}, tensor_cores},    // a hash layer, partial tiles, K of 3 blocks
       {{300, 16, 512, 384, 6, false, false, 10.0}, tensor_cores_differ},  // output rows past one 128-tile
+      {{300, 16, 512, 384, 6, false, false, 10.0}, tensor_cores, true},   // blocks dropped and at the edge
       {{5, 256, 128, 64, 6, false, true, 10.0}, exact},  // 30 rows for 256 experts (decode-like)
   };
-  for (const auto& [c, path] : cases) {
-    const MoeInputs in(c, vocab);
+  for (const auto& [c, path, wide_scales] : cases) {
+    MoeInputs in(c, vocab);
+    if (wide_scales) widen_scales(in.h), in.name += " wide scales";
     auto cpu = make_cpu_backend(Numerics::deepseek), gpu = make_cuda_backend(Numerics::deepseek_tc);
     Side cs(*cpu), gs(*gpu);
     const MoeOutputs ref = in.run(cs, c), got = in.run(gs, c);
