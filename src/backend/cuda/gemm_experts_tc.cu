@@ -65,8 +65,9 @@ constexpr int kXBytes = kBM * kBK, kRawBytes = kBN * kBK / 2;
 // padded so the four lie on different banks).
 constexpr int kScaleGroup = 36, kBlockScales = 4 * kScaleGroup;
 __host__ __device__ constexpr int scale_place(int token) { return token % 8 / 2 * kScaleGroup + 2 * (token / 8) + token % 2; }
-// Bytes per weight row of the E8M0 scale table: one word per K block (zeros past K), and a word
-// more so that the rows a warp reads at once lie on different banks.
+// Bytes per weight row of the scale table (its E8M0 bytes, then their shift entries): one word per
+// K block (zeros past K), and a word more so that the rows a warp reads at once lie on different
+// banks.
 __host__ __device__ constexpr int64_t scale_stride(int64_t K) { return 4 * ((K + kBK - 1) / kBK) + 4; }
 // Shared memory from a 1024-byte boundary (the swizzle's period): the stages' activations and raw
 // weights, per weight row its 2^R, then the tile's activation scales ([K/128][kBlockScales]) and
