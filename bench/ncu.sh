@@ -88,7 +88,7 @@ names, body = rows[head], rows[head + 1:]
 def col(name):
     return next(i for i, n in enumerate(names) if n.startswith(name))
 total, src = col("Warp Stall Sampling (All"), col("Source")
-reasons = [i for i, n in enumerate(names) if n.startswith("stall_") or "Stall" in n and i != total and "Not-issued" not in n]
+reasons = [i for i, n in enumerate(names) if n.startswith("stall_") and "(Not Issued)" not in n]
 num = lambda v: float(v.replace(",", "") or 0)
 body = [r for r in body if len(r) == len(names)]
 all_samples = sum(num(r[total]) for r in body)
