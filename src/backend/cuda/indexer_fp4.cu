@@ -214,7 +214,7 @@ __device__ __forceinline__ double int_to_double(int i) {
 __device__ __forceinline__ void fast_terms(int c0, int c1, uint32_t W, double& t0, double& t1) {
   const float f0 = fmaxf(__fsub_rn(__int_as_float(c0), kMagic), 0.0f);
   const float f1 = fmaxf(__fsub_rn(__int_as_float(c1), kMagic), 0.0f);
-  const __nv_bfloat162 weights = *reinterpret_cast<const __nv_bfloat162*>(&W);
+  const __nv_bfloat162 weights = bf16x2_pair(W);
   const uint32_t t = bf16x2_bits(__hmul2_rn(__floats2bfloat162_rn(f0, f1), weights));  // low half: head 2i
   t0 = __hiloint2double(int((t << 13) & 0x1fffe000u), 0);
   t1 = __hiloint2double(int((t >> 3) & 0x1fffe000u), 0);
@@ -296,6 +296,51 @@ __device__ inline double fast_sum(const uint4* words, const uint4* lanes, const 
   return i == 0 ? sum[0][0] : i == 1 ? sum[0][1] : i == 2 ? sum[1][0] : sum[1][1];
 }
 
+// The fast path's sum on the bf16 tensor cores (deepseek-tc): the same terms, added by
+// mma.m16n8k16 instead of in double. The int8 products' C fragments of two head tiles are, packed
+// as bf16 pairs, the A fragment of a 16-key × 16-head step (a0, a1: rows g, g + 8 of the first tile's
+// columns 2i, 2i + 1; a2, a3: the second tile's), so the terms never leave the lane; B is a column of
+// the heads' signs (every column the same), since relu(d) · w = sign(w) · relu(d · |w|): one fused
+// multiply-add with relu (rounded, then clamped, as rounding then relu) makes two terms. The tensor
+// cores' fp32 accumulation differs from an exactly rounded sum only below fp32's last bit, so a
+// score's bf16 rounding changes only when that sum lies within a few of its ulps of a bf16 tie.
+// Returns this lane's row 8i + g (of the warp's 32 keys) times 2^-E_k.
+__device__ inline float tensor_sum(const uint4* words, const uint4* lanes, const KeyOperands& a, int tiles,
+                                   int blocks) {
+  const int lane = threadIdx.x % 32, i = lane % 4;
+  words += lane * 2;
+  lanes += i;
+  float d[2][4] = {};  // (tile, row g + 8r) at [tile][2r]; every column the same
+  const TileOperands none = {};
+  TileOperands ahead[2] = {load_tile(words, lanes, 0), tiles > 1 ? load_tile(words, lanes, 1) : none};
+  for (int nt = 0; nt < tiles; nt += 2) {
+    const TileOperands op[2] = {ahead[0], ahead[1]};
+    if (nt + 2 < tiles) ahead[0] = load_tile(words, lanes, nt + 2);
+    if (nt + 2 < tiles) ahead[1] = nt + 3 < tiles ? load_tile(words, lanes, nt + 3) : none;
+    uint32_t terms[2][4], signs[2];  // the A fragments of both key tiles; B's two words
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      int c[2][4];
+      fast_products(a, op[h], blocks, c);  // an absent second tile: zero weights, so zero terms
+      const uint4 w = op[h].w;
+      const __nv_bfloat162 weights = bf16x2_pair(__byte_perm(w.x, w.y, 0x7632));  // |w| · 2^(E_q − 2)
+      signs[h] = 0x3F803F80u | ((w.z >> 16) & 0x8000u) | (w.w & 0x80000000u);     // ±1.0 pair
+#pragma unroll
+      for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float f0 = __fsub_rn(__int_as_float(c[tile][2 * r]), kMagic);
+          const float f1 = __fsub_rn(__int_as_float(c[tile][2 * r + 1]), kMagic);
+          terms[tile][2 * h + r] =
+              bf16x2_bits(__hfma2_relu(__floats2bfloat162_rn(f0, f1), weights, bf16x2_pair(0u)));
+        }
+    }
+#pragma unroll
+    for (int tile = 0; tile < 2; ++tile) mma_bf16(d[tile], terms[tile], signs[0], signs[1]);
+  }
+  return i == 0 ? d[0][0] : i == 1 ? d[0][2] : i == 2 ? d[1][0] : d[1][2];
+}
+
 // The ordered path's sum for one query: the warp's key `lane` (row lane of its 32), exact as the
 // CPU's. terms: the warp's [8 · tiles][32] bf16 in shared memory; k_exp the block's key exponents.
 __device__ inline double ordered_sum(const uint4* words, const int4* q_exps, const float* w, int heads, int tiles,
@@ -348,6 +393,8 @@ __device__ inline double ordered_sum(const uint4* words, const int4* q_exps, con
 
 // Grid (key blocks, query groups): score[t, w] for kFp4QueriesPerBlock queries t in turn and
 // kFp4KeysPerBlock keys w (see the top). q: the chunk's prepared queries, wts their weights.
+// kTensorSum: the fast path's head sums on the bf16 tensor cores (tensor_sum, deepseek-tc).
+template <bool kTensorSum>
 __global__ void __launch_bounds__(kFp4Threads, 4)
     indexer_scores_fp4_kernel(Fp4Queries q, const float* wts, int64_t n_queries, int heads, RowFormat f,
                               const float* keys, int64_t n_keys, int64_t ratio, int64_t p0, float* score) {
@@ -398,7 +445,8 @@ __global__ void __launch_bounds__(kFp4Threads, 4)
     const int4 bounds = __ldg(own.query);
     if (bounds.x && keys_single && ek_lo >= bounds.y && ek_hi <= bounds.z) {
       const int64_t w = warp_w0 + 8 * i + g;
-      const double sum = fast_sum(own.words, own.lanes, a, tiles, blocks);
+      const double sum = kTensorSum ? double(tensor_sum(own.words, own.lanes, a, tiles, blocks))
+                                    : fast_sum(own.words, own.lanes, a, tiles, blocks);
       if (w < visible) score[t * n_keys + w] = round_bf16(float(sum * key_scale));
     } else {
       const double sum = ordered_sum(own.words, own.exps, wts + t * heads, heads, tiles, blocks, a, k_exp, terms);
@@ -426,7 +474,10 @@ Fp4Queries prepare_fp4_queries(cudaStream_t stream, const float* q_packed, const
   return out.read_only();
 }
 
-const void* fp4_scores_kernel() { return reinterpret_cast<const void*>(indexer_scores_fp4_kernel); }
+const void* fp4_scores_kernel(bool tensor_sum) {
+  return tensor_sum ? reinterpret_cast<const void*>(indexer_scores_fp4_kernel<true>)
+                    : reinterpret_cast<const void*>(indexer_scores_fp4_kernel<false>);
+}
 
 // The keys' exponents and shifts, then their words, whose space the warps' terms take over once the
 // keys are in registers.
@@ -438,11 +489,11 @@ size_t fp4_scores_smem(int heads) {
 
 void fp4_scores(cudaStream_t stream, const Fp4Queries& q, int64_t t0, int64_t n, const float* wts, int heads,
                 const RowFormat& f, const float* keys, int64_t n_keys, int64_t visible_max, int64_t ratio, int64_t p0,
-                float* score) {
+                bool tensor_sum, float* score) {
   const Fp4Queries chunk = q.from(t0, heads);
   const dim3 grid(unsigned((visible_max + kFp4KeysPerBlock - 1) / kFp4KeysPerBlock),
                   unsigned((n + kFp4QueriesPerBlock - 1) / kFp4QueriesPerBlock));
-  launch(indexer_scores_fp4_kernel, grid, kFp4Threads, fp4_scores_smem(heads), stream, chunk, wts + t0 * heads, n,
+  launch(tensor_sum ? indexer_scores_fp4_kernel<true> : indexer_scores_fp4_kernel<false>, grid, kFp4Threads, fp4_scores_smem(heads), stream, chunk, wts + t0 * heads, n,
          heads, f, keys, n_keys, ratio, p0 + t0, score);
   DSV4_CUDA_LAUNCHED("indexer_select (FP4 scores)");
 }

@@ -56,14 +56,16 @@ size_t fp4_queries_bytes(int64_t T, int64_t heads);
 Fp4Queries prepare_fp4_queries(cudaStream_t stream, const float* q_packed, const float* wts, int64_t T, int heads,
                                const RowFormat& f, void* buffer);
 
-// The scores kernel and the shared memory it needs (the caller allows it once).
-const void* fp4_scores_kernel();
+// The scores kernel (with the head sums on the bf16 tensor cores or in double) and the shared
+// memory it needs (the caller allows it once).
+const void* fp4_scores_kernel(bool tensor_sum);
 size_t fp4_scores_smem(int heads);
 
 // score[t − t0, w] for the queries t0 … t0 + n − 1 of q (positions p0 + t − t0) over the keys each
-// sees (the last sees visible_max); wts as given to prepare_fp4_queries.
+// sees (the last sees visible_max); wts as given to prepare_fp4_queries. tensor_sum (deepseek-tc):
+// the head sums of the fast path on the bf16 tensor cores (see indexer_fp4.cu).
 void fp4_scores(cudaStream_t stream, const Fp4Queries& q, int64_t t0, int64_t n, const float* wts, int heads,
                 const RowFormat& f, const float* keys, int64_t n_keys, int64_t visible_max, int64_t ratio, int64_t p0,
-                float* score);
+                bool tensor_sum, float* score);
 
 }  // namespace dsv4::cuda

@@ -1,8 +1,9 @@
 // Twins of the attention state and attention ops (cpu/attention.cpp, compressor.cpp,
 // indexer.cpp ↔ cuda/attention.cu, compressor.cu, indexer.cu): the sliding-window ring, sparse
 // attention with sinks over window + compressed rows, the compressor carry and pooling across
-// chunk boundaries, the Lightning Indexer's top-k (ties included), and the compact state layout
-// (rows packed on the device, attention and indexer reading packed rows).
+// chunk boundaries, the Lightning Indexer's top-k (ties included; deepseek-tc's head sums on the
+// tensor cores too), and the compact state layout (rows packed on the device, attention and
+// indexer reading packed rows).
 #include <algorithm>
 
 #include "attention_case.h"
@@ -198,7 +199,7 @@ TEST(CudaTwin, IndexerSelect) {
     if (c.duplicate_keys)
       for (int64_t w = 1; w < n_keys; w += 2)
         std::copy(keys.begin() + (w - 1) * stride, keys.begin() + w * stride, keys.begin() + w * stride);
-    expect_twins_both(name, [&](Side& s) {
+    const Case run = [&](Side& s) {
       int32_t* idx = s.ids_out(size_t(c.T * c.k));
       // Compact keys come from deepseek numerics, whose queries are FP4-simulated too (a no-op in
       // plain, where the GPU takes its general path over the packed keys).
@@ -209,7 +210,12 @@ TEST(CudaTwin, IndexerSelect) {
       Outputs o;
       o.add("idx", s.read_ids(idx, size_t(c.T * c.k)));
       return o;
-    });
+    };
+    expect_twins_both(name, run);
+    // deepseek-tc sums the compact path's head terms on the tensor cores: a score can differ only
+    // when its fp32 sum lies within a few fp32 ulps of a bf16 tie (about one in 10^4 scores), and then
+    // the selection only when that score sits at the top k's edge. None does in these cases.
+    if (c.compact) expect_twins_tc(name, run);
   }
 }
 

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -241,12 +242,14 @@ inline int64_t identical(const std::vector<float>& a, const std::vector<float>& 
 }
 
 // Runs `run` on fresh CPU and CUDA backends in `numerics` and expects bit-identical outputs
-// (or, with tolerance > 0, max|Δ| ≤ tolerance).
-inline void expect_twins(const std::string& what, Numerics numerics, const Case& run, double tolerance = 0.0) {
+// (or, with tolerance > 0, max|Δ| ≤ tolerance). gpu_numerics, when given, is the CUDA backend's
+// (deepseek_tc against the CPU's deepseek).
+inline void expect_twins(const std::string& what, Numerics numerics, const Case& run, double tolerance = 0.0,
+                         std::optional<Numerics> gpu_numerics = std::nullopt) {
   auto cpu = make_cpu_backend(numerics);
-  auto gpu = make_cuda_backend(numerics);
+  auto gpu = make_cuda_backend(gpu_numerics.value_or(numerics));
   Outputs ref, got;
-  const std::string label = what + " [" + to_string(numerics) + "]";
+  const std::string label = what + " [" + to_string(gpu_numerics.value_or(numerics)) + "]";
   {
     Side s(*cpu);
     ref = run(s);
@@ -294,6 +297,12 @@ inline void expect_twins(const std::string& what, Numerics numerics, const Case&
 inline void expect_twins_both(const std::string& what, const Case& run) {
   expect_twins(what, Numerics::deepseek, run);
   expect_twins(what, Numerics::plain, run);
+}
+
+// deepseek-tc on the GPU against deepseek on the CPU, bit for bit: for ops whose tensor-core
+// variant is expected to give the exact result on the case (see each use).
+inline void expect_twins_tc(const std::string& what, const Case& run) {
+  expect_twins(what, Numerics::deepseek, run, 0.0, Numerics::deepseek_tc);
 }
 
 }  // namespace dsv4::test
