@@ -41,11 +41,7 @@
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/row_grouping.cuh"
 #include "backend/cuda/weight_access.cuh"
-
-// wgmma exists on sm_90a alone; elsewhere (the sm_80 PTX) the kernel is empty and never chosen.
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define DSV4_WGMMA 1
-#endif
+#include "backend/cuda/wgmma.cuh"
 
 namespace dsv4::cuda {
 
@@ -77,9 +73,6 @@ constexpr size_t kXOff = 0, kRawOff = kXOff + size_t(kStages) * kXBytes, kRowSca
 __host__ __device__ inline size_t scales_offset(int64_t K) { return kSxOff + size_t((K + kBK - 1) / kBK) * kBlockScales * 4; }
 size_t smem_bytes(int64_t K) { return 1024 + scales_offset(K) + size_t(kBN * scale_stride(K)); }
 
-// Byte offset of 16-byte chunk c of row r in a tile of 128-byte rows, as wgmma's 128-byte swizzle
-// reads it: the chunks of each row permuted by the row's index mod 8.
-__device__ __forceinline__ int swizzled(int r, int c) { return r * 128 + 16 * (c ^ (r & 7)); }
 // Where chunk c of raw weight row r sits in its 64 bytes: the 8 rows one ldmatrix matrix reads
 // land on distinct banks.
 __device__ __forceinline__ int raw_chunk(int r, int c) { return r * 64 + 16 * (c ^ ((r >> 1) & 3)); }
@@ -122,12 +115,6 @@ __device__ __forceinline__ uint2 e2m1x8_e5m2(uint32_t w, uint2 table) {
 }
 
 #ifdef DSV4_WGMMA
-// A K-major operand tile of 128-byte rows under the 128-byte swizzle: 8-row groups 1024 bytes apart.
-__device__ __forceinline__ uint64_t tile_descriptor(const void* tile) {
-  const uint32_t at = shared_address(tile);
-  return uint64_t((at & 0x3FFFF) >> 4) | uint64_t(1) << 16 | uint64_t(1024 >> 4) << 32 | uint64_t(1) << 62;
-}
-
 // d (+)= A · Bᵀ over 32 of K: A 64 rows of e5m2 in registers (a: this thread's fragment), B 128
 // rows of e4m3 in shared memory; d = A · Bᵀ when !accumulate.
 template <bool kAccumulate>
@@ -145,38 +132,6 @@ __device__ __forceinline__ void wgmma_k32(float (&d)[64], const uint32_t* a, uin
 #undef DSV4_D8
 }
 
-// The products' register hand-over: before a wgmma, every earlier access of its accumulators is
-// done; the issued products are committed as one group; after waiting for it, reads of the
-// accumulators come after the wait (the empty asm ties each register to it).
-__device__ __forceinline__ void wgmma_begin() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_finish(float (&d)[64]) {
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-#pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-// Shared memory written by this thread (stores, or cp.async copies it has awaited) is ordered before
-// the tensor cores' reads of it that a following barrier lets start.
-__device__ __forceinline__ void fence_for_tensor_cores() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-
-// A barrier in shared memory (mbarrier) that completes a phase once `count` arrivals have come;
-// arriving releases this thread's earlier accesses of shared memory, and a wait for a phase
-// acquires those of every arrival in it. Phases alternate in parity, from 0.
-__device__ __forceinline__ void barrier_init(uint64_t* b, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(b)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void barrier_arrive(uint64_t* b) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(shared_address(b)) : "memory");
-}
-__device__ __forceinline__ void barrier_wait(uint64_t* b, int parity) {
-  uint32_t done = 0;
-  while (!done)
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(shared_address(b)), "r"(parity)
-        : "memory");
-}
 #endif
 
 // x: the activations' e4m3 codes, rows of K in fragment order; sx: their scales [source rows][K/128].
@@ -386,17 +341,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (m >= 0 && n0 + row < p.rows) p.y[m * p.y_stride + n0 + row] = round_bf16(acc[i] * row_scale[row]);
   }
 #endif
-}
-
-bool device_has_wgmma() {
-  static const bool has = [] {
-    int device = 0, major = 0, minor = 0;
-    return cudaGetDevice(&device) == cudaSuccess &&
-           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-           cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess && major == 9 &&
-           minor == 0;
-  }();
-  return has;
 }
 
 }  // namespace

@@ -498,16 +498,18 @@ void CudaBackend::indexer_select(const float* q, const float* wts, int64_t T, in
     return;
   }
   // Compact keys in deepseek numerics: the exact integer path (indexer_fp4.cu), on q packed like
-  // the keys and prepared once for every chunk; deepseek-tc sums its heads on the tensor cores.
+  // the keys and prepared once for every chunk; deepseek-tc's runs on the tensor cores.
   const bool fp4_path = deepseek() && fp4_scores_apply(key_format, dim);
-  const bool tensor_sum = numerics() == Numerics::deepseek_tc;
+  const bool tensor_cores = fp4_path && numerics() == Numerics::deepseek_tc && fp4_tensor_cores_apply(heads);
   DeviceArray<float> q_packed(stream_, fp4_path ? size_t(T * heads * key_format.stride) : 0);
-  DeviceArray<unsigned char> q_prepared(stream_, fp4_path ? fp4_queries_bytes(T, heads) : 0);
+  DeviceArray<unsigned char> q_prepared(stream_, fp4_path ? fp4_queries_bytes(T, heads, tensor_cores) : 0);
   Fp4Queries fp4_queries{};
   if (fp4_path) {
     pack_rows(key_format, q, T * heads, q_packed.get());
-    fp4_queries = prepare_fp4_queries(stream_, q_packed.get(), wts, T, int(heads), key_format, q_prepared.get());
-    allow_shared_memory(fp4_scores_kernel(tensor_sum), fp4_scores_smem(int(heads)), "indexer scores over compact keys");
+    fp4_queries = prepare_fp4_queries(stream_, q_packed.get(), wts, T, int(heads), key_format, tensor_cores,
+                                      q_prepared.get());
+    allow_shared_memory(fp4_scores_kernel(tensor_cores), fp4_scores_smem(int(heads), tensor_cores),
+                        "indexer scores over compact keys");
   }
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(T, kScoreScratch / n_keys));
   DeviceArray<float> score(stream_, size_t(chunk * n_keys));
@@ -521,7 +523,7 @@ void CudaBackend::indexer_select(const float* q, const float* wts, int64_t T, in
     const int64_t visible_max = std::min(n_keys, (p0 + t0 + n) / ratio);
     if (visible_max > 0 && fp4_path) {
       fp4_scores(stream_, fp4_queries, t0, n, wts, int(heads), key_format, keys, n_keys, visible_max, ratio, p0,
-                 tensor_sum, score.get());
+                 tensor_cores, score.get());
     } else if (visible_max > 0) {
       const dim3 grid(unsigned(n), unsigned((visible_max + kScoreWarps - 1) / kScoreWarps));
       launch(indexer_scores_kernel, grid, kScoreWarps * 32, 0, stream_, q + t0 * heads * dim, wts + t0 * heads, heads,

@@ -44,6 +44,7 @@
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/quant.cuh"
+#include "backend/cuda/wgmma.cuh"
 
 namespace dsv4::cuda {
 
@@ -57,6 +58,14 @@ constexpr int kKeysPerWarp = 32;  // two 16-key tiles: each query operand serves
 constexpr int kFp4KeysPerBlock = kKeysPerWarp * kFp4Warps;
 constexpr int kFp4QueriesPerBlock = 32;
 constexpr int kFp4Threads = 32 * kFp4Warps;
+// deepseek-tc's kernel: two warpgroups of 128 keys each; per query an image of kImageBytes (its 64
+// head rows as wgmma's B operand, kImageTile bytes, then the weight and sign pairs, then the bounds)
+// in one of kTcStages stages of shared memory, each from a 1024-byte boundary (the swizzle's period).
+constexpr int kTcWarps = 8;
+constexpr int kTcThreads = 32 * kTcWarps, kTcKeysPerBlock = kKeysPerWarp * kTcWarps;
+constexpr int kImageHeads = 64, kImageTile = kImageHeads * 128, kImageBytes = int(Fp4QueryArrays<true>::kImageWords * 16);
+static_assert(kImageBytes == kImageTile + 256 + 16, "the image's parts");
+constexpr int kTcStages = 4, kStageBytes = (kImageBytes + 1023) / 1024 * 1024;
 // Int8 words (4 codes) per staged key row: the 8 rows × 4 lanes of a fragment load fall on
 // distinct banks with a stride of 4 (mod 32) words.
 constexpr int kFp4WordStride = kFp4MaxDim / 4 + 4;
@@ -110,13 +119,14 @@ __device__ inline bool one_exponent(const int* exps) {
 }
 
 // The prepared form of T queries laid out in `buffer`: each array for all T, one after another.
-Fp4QueryArrays<true> queries_in(void* buffer, int64_t T, int64_t heads) {
+Fp4QueryArrays<true> queries_in(void* buffer, int64_t T, int64_t heads, bool images) {
   using Q = Fp4QueryArrays<true>;
   const int64_t tiles = head_tiles(heads);
   auto* words = static_cast<uint4*>(buffer);
   auto* exps = reinterpret_cast<int4*>(words + T * tiles * Q::kWords);
   auto* lanes = reinterpret_cast<uint4*>(exps + T * tiles * Q::kExps);
-  return {words, exps, lanes, reinterpret_cast<int4*>(lanes + T * tiles * Q::kLanes)};
+  auto* query = reinterpret_cast<int4*>(lanes + T * tiles * Q::kLanes);
+  return {words, exps, lanes, query, images ? reinterpret_cast<uint4*>(query + T) : nullptr};
 }
 
 // A block per query: its heads' rows staged as the keys are (folded where they can be), the words
@@ -134,6 +144,15 @@ __global__ void __launch_bounds__(kFp4Threads)
   const Fp4QueryArrays<true> own = out.from(t, heads);
   uint32_t* words = reinterpret_cast<uint32_t*>(own.words);
   uint32_t* lanes = reinterpret_cast<uint32_t*>(own.lanes);
+  // The image (heads ≤ kImageHeads): head rows as wgmma reads them; per lane column pair i and head
+  // tile j, the bf16 pairs |w| · 2^(E_q − 2) (word 16i + 2j) and ±1 (the next word).
+  uint8_t* image = reinterpret_cast<uint8_t*>(own.images);
+  uint16_t* pair_halves = image ? reinterpret_cast<uint16_t*>(image + kImageTile) : nullptr;
+  auto pair_half = [](int h, int word) { return 2 * (16 * (h % 8 / 2) + 2 * (h / 8) + word) + h % 2; };
+  for (int h = rows + threadIdx.x; image && h < kImageHeads; h += blockDim.x) {  // padding heads: zero terms
+    for (int c = 0; c < 8; ++c) *reinterpret_cast<uint4*>(image + swizzled(h, c)) = make_uint4(0, 0, 0, 0);
+    pair_halves[pair_half(h, 0)] = 0, pair_halves[pair_half(h, 1)] = 0x3F80;
+  }
   for (int h = threadIdx.x; h < rows; h += blockDim.x) {
     const float* row = qc + (t * heads + h) * f.stride;
     const StagedRow staged = h < heads ? staged_row(row_scales(row, f), blocks) : StagedRow{};
@@ -147,6 +166,7 @@ __global__ void __launch_bounds__(kFp4Threads)
         const int r = (2 * j + k) % 8;
         words[((h / 8) * 32 + 4 * (h % 8) + r % 4) * 8 + 2 * (j / 4) + r / 4] = w[k];
       }
+      if (image) *reinterpret_cast<uint2*>(image + swizzled(h, j / 2) + 8 * (j % 2)) = make_uint2(w[0], w[1]);
     }
     const float w = h < heads ? wts[t * heads + h] : 0.0f;
     if (h < heads) {
@@ -166,14 +186,20 @@ __global__ void __launch_bounds__(kFp4Threads)
     const int at = ((h / 8) * 4 + (h % 8) / 2) * 4 + h % 2;  // lane column pair (h mod 8) / 2, column h mod 2
     lanes[at] = f32_bits(w != 0.0f ? ldexpf(fabsf(w), e[0] - 2) : 0.0f);
     lanes[at + 2] = w > 0.0f ? kPlus2p896 : w < 0.0f ? kMinus2p896 : 0u;
+    if (image) {  // (a bf16 whenever the fast terms are used)
+      pair_halves[pair_half(h, 0)] = uint16_t(lanes[at] >> 16);
+      pair_halves[pair_half(h, 1)] = w < 0.0f ? 0xBF80 : 0x3F80;
+    }
   }
   __syncthreads();
   if (threadIdx.x == 0) {
     const bool weighted = lo_a <= hi_a;  // (lo_q ≤ hi_q: heads ≥ 1)
     // E = E_q + E_k − 2 in [−126, 106] keeps c · 2^E (|c| ≤ 2^21) normal; a + E_k in [−126, 105] the terms.
-    out.query[t] = make_int4(fast && (!weighted || hi_a - lo_a <= kMaxTermSpread),
-                             weighted ? max(-124 - lo_q, -126 - lo_a) : -124 - lo_q,
-                             weighted ? min(108 - hi_q, 105 - hi_a) : 108 - hi_q, 0);
+    const int4 bounds = make_int4(fast && (!weighted || hi_a - lo_a <= kMaxTermSpread),
+                                  weighted ? max(-124 - lo_q, -126 - lo_a) : -124 - lo_q,
+                                  weighted ? min(108 - hi_q, 105 - hi_a) : 108 - hi_q, 0);
+    out.query[t] = bounds;
+    if (image) *reinterpret_cast<int4*>(image + kImageBytes - 16) = bounds;
   }
 }
 
@@ -296,51 +322,6 @@ __device__ inline double fast_sum(const uint4* words, const uint4* lanes, const 
   return i == 0 ? sum[0][0] : i == 1 ? sum[0][1] : i == 2 ? sum[1][0] : sum[1][1];
 }
 
-// The fast path's sum on the bf16 tensor cores (deepseek-tc): the same terms, added by
-// mma.m16n8k16 instead of in double. The int8 products' C fragments of two head tiles are, packed
-// as bf16 pairs, the A fragment of a 16-key × 16-head step (a0, a1: rows g, g + 8 of the first tile's
-// columns 2i, 2i + 1; a2, a3: the second tile's), so the terms never leave the lane; B is a column of
-// the heads' signs (every column the same), since relu(d) · w = sign(w) · relu(d · |w|): one fused
-// multiply-add with relu (rounded, then clamped, as rounding then relu) makes two terms. The tensor
-// cores' fp32 accumulation differs from an exactly rounded sum only below fp32's last bit, so a
-// score's bf16 rounding changes only when that sum lies within a few of its ulps of a bf16 tie.
-// Returns this lane's row 8i + g (of the warp's 32 keys) times 2^-E_k.
-__device__ inline float tensor_sum(const uint4* words, const uint4* lanes, const KeyOperands& a, int tiles,
-                                   int blocks) {
-  const int lane = threadIdx.x % 32, i = lane % 4;
-  words += lane * 2;
-  lanes += i;
-  float d[2][4] = {};  // (tile, row g + 8r) at [tile][2r]; every column the same
-  const TileOperands none = {};
-  TileOperands ahead[2] = {load_tile(words, lanes, 0), tiles > 1 ? load_tile(words, lanes, 1) : none};
-  for (int nt = 0; nt < tiles; nt += 2) {
-    const TileOperands op[2] = {ahead[0], ahead[1]};
-    if (nt + 2 < tiles) ahead[0] = load_tile(words, lanes, nt + 2);
-    if (nt + 2 < tiles) ahead[1] = nt + 3 < tiles ? load_tile(words, lanes, nt + 3) : none;
-    uint32_t terms[2][4], signs[2];  // the A fragments of both key tiles; B's two words
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      int c[2][4];
-      fast_products(a, op[h], blocks, c);  // an absent second tile: zero weights, so zero terms
-      const uint4 w = op[h].w;
-      const __nv_bfloat162 weights = bf16x2_pair(__byte_perm(w.x, w.y, 0x7632));  // |w| · 2^(E_q − 2)
-      signs[h] = 0x3F803F80u | ((w.z >> 16) & 0x8000u) | (w.w & 0x80000000u);     // ±1.0 pair
-#pragma unroll
-      for (int tile = 0; tile < 2; ++tile)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const float f0 = __fsub_rn(__int_as_float(c[tile][2 * r]), kMagic);
-          const float f1 = __fsub_rn(__int_as_float(c[tile][2 * r + 1]), kMagic);
-          terms[tile][2 * h + r] =
-              bf16x2_bits(__hfma2_relu(__floats2bfloat162_rn(f0, f1), weights, bf16x2_pair(0u)));
-        }
-    }
-#pragma unroll
-    for (int tile = 0; tile < 2; ++tile) mma_bf16(d[tile], terms[tile], signs[0], signs[1]);
-  }
-  return i == 0 ? d[0][0] : i == 1 ? d[0][2] : i == 2 ? d[1][0] : d[1][2];
-}
-
 // The ordered path's sum for one query: the warp's key `lane` (row lane of its 32), exact as the
 // CPU's. terms: the warp's [8 · tiles][32] bf16 in shared memory; k_exp the block's key exponents.
 __device__ inline double ordered_sum(const uint4* words, const int4* q_exps, const float* w, int heads, int tiles,
@@ -391,10 +372,49 @@ __device__ inline double ordered_sum(const uint4* words, const int4* q_exps, con
   return acc;
 }
 
+// The warp's 32 staged keys (rows 32 · warp on, of a block's) as A fragments, row 16 · tile + g + 8r
+// of its 32 at a[tile][·][r] and [2 + r]; whether every one has one staged exponent, the present
+// keys' least and greatest (INT_MAX and INT_MIN when none is), and 2^E_k of this lane's store row
+// 8i + g.
+struct WarpKeys {
+  KeyOperands a;
+  bool single;
+  int lo, hi;
+  double scale;
+};
+__device__ inline void load_warp_keys(const uint32_t* k_words, const int* k_exp, int n_present, WarpKeys& k) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, i = lane % 4;
+  k.single = true;
+  k.lo = INT_MAX, k.hi = INT_MIN;
+  int own = 0;
+#pragma unroll
+  for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = kKeysPerWarp * warp + 16 * tile + g + 8 * r;
+      const int* e = k_exp + row * kFp4MaxBlocks;
+      k.single &= one_exponent(e);
+      if (row < n_present) k.lo = min(k.lo, e[0]), k.hi = max(k.hi, e[0]);
+      if (2 * tile + r == i) own = e[0];
+#pragma unroll
+      for (int bl = 0; bl < kFp4MaxBlocks; ++bl) {
+        k.a[tile][bl][r] = k_words[row * kFp4WordStride + 8 * bl + i];
+        k.a[tile][bl][2 + r] = k_words[row * kFp4WordStride + 8 * bl + 4 + i];
+      }
+    }
+  k.single = __all_sync(kFullMask, k.single);
+  k.lo = __reduce_min_sync(kFullMask, k.lo);
+  k.hi = __reduce_max_sync(kFullMask, k.hi);
+  k.scale = __hiloint2double(int(pow2_high(own, 1023)), 0);
+}
+
+// Whether query bounds (Fp4QueryArrays::query) let the fast terms serve keys of these exponents.
+__device__ inline bool fast_for(int4 bounds, bool single, int lo, int hi) {
+  return bounds.x && single && lo >= bounds.y && hi <= bounds.z;
+}
+
 // Grid (key blocks, query groups): score[t, w] for kFp4QueriesPerBlock queries t in turn and
 // kFp4KeysPerBlock keys w (see the top). q: the chunk's prepared queries, wts their weights.
-// kTensorSum: the fast path's head sums on the bf16 tensor cores (tensor_sum, deepseek-tc).
-template <bool kTensorSum>
 __global__ void __launch_bounds__(kFp4Threads, 4)
     indexer_scores_fp4_kernel(Fp4Queries q, const float* wts, int64_t n_queries, int heads, RowFormat f,
                               const float* keys, int64_t n_keys, int64_t ratio, int64_t p0, float* score) {
@@ -413,28 +433,8 @@ __global__ void __launch_bounds__(kFp4Threads, 4)
   __syncthreads();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, i = lane % 4;
-  KeyOperands a;
-  bool keys_single = true;  // every key of the warp with one staged exponent
-  int ek_lo = INT_MAX, ek_hi = INT_MIN, ek_own = 0;  // the present keys' exponents; this lane's store row's
-#pragma unroll
-  for (int tile = 0; tile < 2; ++tile)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = kKeysPerWarp * warp + 16 * tile + g + 8 * r;
-      const int* e = k_exp + row * kFp4MaxBlocks;
-      keys_single &= one_exponent(e);
-      if (row < n_present) ek_lo = min(ek_lo, e[0]), ek_hi = max(ek_hi, e[0]);
-      if (2 * tile + r == i) ek_own = e[0];
-#pragma unroll
-      for (int bl = 0; bl < kFp4MaxBlocks; ++bl) {
-        a[tile][bl][r] = k_words[row * kFp4WordStride + 8 * bl + i];
-        a[tile][bl][2 + r] = k_words[row * kFp4WordStride + 8 * bl + 4 + i];
-      }
-    }
-  keys_single = __all_sync(kFullMask, keys_single);
-  ek_lo = __reduce_min_sync(kFullMask, ek_lo);
-  ek_hi = __reduce_max_sync(kFullMask, ek_hi);
-  const double key_scale = __hiloint2double(int(pow2_high(ek_own, 1023)), 0);  // 2^E_k of row 8i + g
+  WarpKeys k;
+  load_warp_keys(k_words, k_exp, n_present, k);
   __syncthreads();  // every warp holds its keys: their words' space becomes the terms'
   uint16_t* terms = reinterpret_cast<uint16_t*>(k_words) + warp * 8 * tiles * kKeysPerWarp;
   const int64_t warp_w0 = w0 + kKeysPerWarp * warp;
@@ -442,17 +442,154 @@ __global__ void __launch_bounds__(kFp4Threads, 4)
     const int64_t visible = visible_keys(t, p0, ratio, n_keys);
     if (warp_w0 >= visible) continue;  // (uniform over the warp)
     const Fp4Queries own = q.from(t, heads);
-    const int4 bounds = __ldg(own.query);
-    if (bounds.x && keys_single && ek_lo >= bounds.y && ek_hi <= bounds.z) {
+    if (fast_for(__ldg(own.query), k.single, k.lo, k.hi)) {
       const int64_t w = warp_w0 + 8 * i + g;
-      const double sum = kTensorSum ? double(tensor_sum(own.words, own.lanes, a, tiles, blocks))
-                                    : fast_sum(own.words, own.lanes, a, tiles, blocks);
-      if (w < visible) score[t * n_keys + w] = round_bf16(float(sum * key_scale));
+      const double sum = fast_sum(own.words, own.lanes, k.a, tiles, blocks);
+      if (w < visible) score[t * n_keys + w] = round_bf16(float(sum * k.scale));
     } else {
-      const double sum = ordered_sum(own.words, own.exps, wts + t * heads, heads, tiles, blocks, a, k_exp, terms);
+      const double sum = ordered_sum(own.words, own.exps, wts + t * heads, heads, tiles, blocks, k.a, k_exp, terms);
       if (warp_w0 + lane < visible) score[t * n_keys + warp_w0 + lane] = round_bf16(float(sum));
     }
   }
+}
+
+#ifdef DSV4_WGMMA
+// c += A · Bᵀ over one 32-dim block: A 64 keys of int8 codes in registers (a: this thread's
+// fragment, as mma.m16n8k32's for its warp's 16 rows), B the image's 64 head rows in shared memory
+// (b: the block's descriptor); exact int32.
+__device__ __forceinline__ void wgmma_keys_heads(int (&c)[32], const uint32_t (&a)[4], uint64_t b) {
+#define DSV4_C8(j) "+r"(c[j]), "+r"(c[j + 1]), "+r"(c[j + 2]), "+r"(c[j + 3]), "+r"(c[j + 4]), "+r"(c[j + 5]), "+r"(c[j + 6]), "+r"(c[j + 7])
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
+      "%23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p;\n}\n"
+      : DSV4_C8(0), DSV4_C8(8), DSV4_C8(16), DSV4_C8(24)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+#undef DSV4_C8
+}
+
+// The fast path's sum for one query on the tensor cores, for this lane's row 8i + g of its warp's
+// keys, times 2^-E_k: the folded dots of both key tiles by wgmma (c: 1.5 · 2^23 + the dot, as float
+// bits, c[4j + 2r + e] the row g + 8r and head 8j + 2i + e), each head pair's terms by one fused
+// multiply-add with relu, and their sum by mma.m16n8k16 (see the top). tile: the image in shared
+// memory; pairs: this lane's |w| and sign pairs, head tile j at [2j] and [2j + 1].
+__device__ inline float tensor_sum(const unsigned char* tile, const KeyOperands& a, const uint32_t (&pairs)[16]) {
+  const int i = threadIdx.x % 32 % 4;
+  const uint64_t b = tile_descriptor(tile);
+  float row_sum[2][2];  // (tile, r)
+#pragma unroll
+  for (int kt = 0; kt < 2; ++kt) {
+    int c[32];
+#pragma unroll
+    for (int e = 0; e < 32; ++e) c[e] = kMagicBits;
+    wgmma_begin();
+#pragma unroll
+    for (int bl = 0; bl < kFp4MaxBlocks; ++bl) wgmma_keys_heads(c, a[kt][bl], b + 2 * bl);  // 32 bytes on
+    wgmma_commit();
+    wgmma_finish(c);
+    float d[4] = {};  // rows g, g + 8 at [0], [2]; every column the same
+#pragma unroll
+    for (int m = 0; m < kImageHeads / 16; ++m) {
+      uint32_t terms[4];  // the A fragment of heads 16m … 16m + 15: head tiles 2m, 2m + 1
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int j = 2 * m + h;
+          const float f0 = __fsub_rn(__int_as_float(c[4 * j + 2 * r]), kMagic);
+          const float f1 = __fsub_rn(__int_as_float(c[4 * j + 2 * r + 1]), kMagic);
+          terms[2 * h + r] =
+              bf16x2_bits(__hfma2_relu(__floats2bfloat162_rn(f0, f1), bf16x2_pair(pairs[2 * j]), bf16x2_pair(0u)));
+        }
+      mma_bf16(d, terms, pairs[4 * m + 1], pairs[4 * m + 3]);
+    }
+    row_sum[kt][0] = d[0], row_sum[kt][1] = d[2];
+  }
+  return i == 0 ? row_sum[0][0] : i == 1 ? row_sum[0][1] : i == 2 ? row_sum[1][0] : row_sum[1][1];
+}
+#endif
+
+// deepseek-tc's scores (see the top): grid (key blocks of kTcKeysPerBlock, query groups of
+// kFp4QueriesPerBlock). Each warpgroup's 128 keys sit in its registers; the queries' images reach
+// shared memory by bulk copies kTcStages − 1 queries ahead, thread 0 refilling a stage once every
+// warp has left it. A warpgroup whose keys the fast terms cannot serve for a query takes the
+// ordered path, warp by warp.
+__global__ void __launch_bounds__(kTcThreads, 2)
+    indexer_scores_fp4_tc_kernel(Fp4Queries q, const float* wts, int64_t n_queries, int heads, RowFormat f,
+                                 const float* keys, int64_t n_keys, int64_t ratio, int64_t p0, float* score) {
+#ifdef DSV4_WGMMA
+  await_previous_kernel();
+  extern __shared__ unsigned char tc_smem_base[];
+  unsigned char* stages = tc_smem_base + (1024 - shared_address(tc_smem_base) % 1024) % 1024;  // the swizzle's period
+  int* k_exp = reinterpret_cast<int*>(stages + kTcStages * kStageBytes);                        // [keys][4]
+  uint8_t* k_shift = reinterpret_cast<uint8_t*>(k_exp + kTcKeysPerBlock * kFp4MaxBlocks);       // [keys][4]
+  uint32_t* k_words = reinterpret_cast<uint32_t*>(k_shift + kTcKeysPerBlock * kFp4MaxBlocks);   // then the terms
+  __shared__ uint64_t filled[kTcStages], emptied[kTcStages];
+  __shared__ int group_single[2], group_lo[2], group_hi[2];  // per warpgroup: its warps' WarpKeys
+  const int tiles = int(head_tiles(heads)), blocks = f.width / RowFormat::kFp4Block;
+  const int64_t w0 = int64_t(blockIdx.x) * kTcKeysPerBlock, t0 = int64_t(blockIdx.y) * kFp4QueriesPerBlock;
+  const int64_t t_end = t0 + kFp4QueriesPerBlock < n_queries ? t0 + kFp4QueriesPerBlock : n_queries;
+  const int64_t visible_last = visible_keys(t_end - 1, p0, ratio, n_keys);
+  if (w0 >= visible_last) return;
+  const int n_here = int(t_end - t0), tid = threadIdx.x;
+  auto fetch = [&](int n) {  // query t0 + n's image into its stage
+    uint64_t* full = &filled[n % kTcStages];
+    barrier_expect_bytes(full, kImageBytes);
+    copy_bulk(stages + (n % kTcStages) * kStageBytes, q.images + (t0 + n) * Fp4Queries::kImageWords, kImageBytes, full);
+  };
+  if (tid == 0) {
+    for (int s = 0; s < kTcStages; ++s) barrier_init(&filled[s], 1), barrier_init(&emptied[s], kTcWarps);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");  // before the copies complete on them
+    for (int n = 0; n < kTcStages && n < n_here; ++n) fetch(n);
+    for (int wg = 0; wg < 2; ++wg) group_single[wg] = 1, group_lo[wg] = INT_MAX, group_hi[wg] = INT_MIN;
+  }
+  const int n_present = int(visible_last - w0 < kTcKeysPerBlock ? visible_last - w0 : kTcKeysPerBlock);
+  stage_fp4_rows(keys + w0 * f.stride, f, kTcKeysPerBlock, n_present, k_words, k_exp, k_shift);  // (barriers)
+  __syncthreads();
+
+  const int warp = tid / 32, lane = tid % 32, g = lane / 4, i = lane % 4, wg = warp / 4;
+  WarpKeys k;
+  load_warp_keys(k_words, k_exp, n_present, k);
+  if (lane == 0) {
+    atomicAnd(&group_single[wg], int(k.single));
+    atomicMin(&group_lo[wg], k.lo);
+    atomicMax(&group_hi[wg], k.hi);
+  }
+  __syncthreads();  // every warp holds its keys (their words' space becomes the terms'), the groups' flags are whole
+  const bool wg_single = group_single[wg];
+  const int wg_lo = group_lo[wg], wg_hi = group_hi[wg];
+  uint16_t* terms = reinterpret_cast<uint16_t*>(k_words) + warp * 8 * tiles * kKeysPerWarp;
+  const int64_t warp_w0 = w0 + kKeysPerWarp * warp, wg_w0 = w0 + 4 * kKeysPerWarp * wg;
+  for (int n = 0; n < n_here; ++n) {
+    const int64_t t = t0 + n, visible = visible_keys(t, p0, ratio, n_keys);
+    const unsigned char* image = stages + (n % kTcStages) * kStageBytes;
+    barrier_wait(&filled[n % kTcStages], n / kTcStages % 2);
+    const int4 bounds = *reinterpret_cast<const int4*>(image + kImageBytes - 16);
+    if (wg_w0 < visible && fast_for(bounds, wg_single, wg_lo, wg_hi)) {  // (uniform over the warpgroup)
+      uint32_t pairs[16];
+#pragma unroll
+      for (int v = 0; v < 4; ++v) {
+        const uint4 x = reinterpret_cast<const uint4*>(image + kImageTile)[4 * i + v];
+        pairs[4 * v] = x.x, pairs[4 * v + 1] = x.y, pairs[4 * v + 2] = x.z, pairs[4 * v + 3] = x.w;
+      }
+      const float sum = tensor_sum(image, k.a, pairs);
+      const int64_t w = warp_w0 + 8 * i + g;
+      if (w < visible) score[t * n_keys + w] = round_bf16(float(double(sum) * k.scale));
+    } else if (warp_w0 < visible) {
+      const Fp4Queries own = q.from(t, heads);
+      const double sum = ordered_sum(own.words, own.exps, wts + t * heads, heads, tiles, blocks, k.a, k_exp, terms);
+      if (warp_w0 + lane < visible) score[t * n_keys + warp_w0 + lane] = round_bf16(float(sum));
+    }
+    __syncwarp();
+    if (lane == 0) barrier_arrive(&emptied[n % kTcStages]);
+    // A query behind: every warp has most likely left its stage by now.
+    if (tid == 0 && n >= 1 && n - 1 + kTcStages < n_here) {
+      barrier_wait(&emptied[(n - 1) % kTcStages], (n - 1) / kTcStages % 2);
+      fetch(n - 1 + kTcStages);
+    }
+  }
+#endif
 }
 
 }  // namespace
@@ -461,40 +598,46 @@ bool fp4_scores_apply(const RowFormat& f, int64_t dim) {
   return f.kind == RowFormat::fp4 && dim % RowFormat::kFp4Block == 0 && dim <= kFp4MaxDim;
 }
 
-size_t fp4_queries_bytes(int64_t T, int64_t heads) {
+bool fp4_tensor_cores_apply(int64_t heads) { return heads <= kImageHeads && device_has_wgmma(); }
+
+size_t fp4_queries_bytes(int64_t T, int64_t heads, bool images) {
   using Q = Fp4Queries;
-  return size_t(T * head_tiles(heads) * (Q::kWords + Q::kExps + Q::kLanes) + T) * sizeof(uint4);
+  return size_t(T * head_tiles(heads) * (Q::kWords + Q::kExps + Q::kLanes) + T + (images ? T * Q::kImageWords : 0)) *
+         sizeof(uint4);
 }
 
 Fp4Queries prepare_fp4_queries(cudaStream_t stream, const float* q_packed, const float* wts, int64_t T, int heads,
-                               const RowFormat& f, void* buffer) {
-  const Fp4QueryArrays<true> out = queries_in(buffer, T, heads);
+                               const RowFormat& f, bool images, void* buffer) {
+  const Fp4QueryArrays<true> out = queries_in(buffer, T, heads, images);
   launch(indexer_prepare_queries_kernel, unsigned(T), kFp4Threads, 0, stream, q_packed, wts, heads, f, out);
   DSV4_CUDA_LAUNCHED("indexer_select (FP4 queries)");
   return out.read_only();
 }
 
-const void* fp4_scores_kernel(bool tensor_sum) {
-  return tensor_sum ? reinterpret_cast<const void*>(indexer_scores_fp4_kernel<true>)
-                    : reinterpret_cast<const void*>(indexer_scores_fp4_kernel<false>);
+const void* fp4_scores_kernel(bool tensor_cores) {
+  return tensor_cores ? reinterpret_cast<const void*>(indexer_scores_fp4_tc_kernel)
+                      : reinterpret_cast<const void*>(indexer_scores_fp4_kernel);
 }
 
 // The keys' exponents and shifts, then their words, whose space the warps' terms take over once the
-// keys are in registers.
-size_t fp4_scores_smem(int heads) {
-  const size_t words = size_t(kFp4KeysPerBlock) * kFp4WordStride * 4,
-               terms = size_t(kFp4Warps) * 8 * head_tiles(heads) * kKeysPerWarp * 2;
-  return size_t(kFp4KeysPerBlock) * kFp4MaxBlocks * 5 + std::max(words, terms);
+// keys are in registers; before them, the tensor-core kernel's stages (from a 1024-byte boundary).
+size_t fp4_scores_smem(int heads, bool tensor_cores) {
+  const int keys = tensor_cores ? kTcKeysPerBlock : kFp4KeysPerBlock, warps = keys / kKeysPerWarp;
+  const size_t words = size_t(keys) * kFp4WordStride * 4, terms = size_t(warps) * 8 * head_tiles(heads) * kKeysPerWarp * 2;
+  return (tensor_cores ? 1024 + size_t(kTcStages) * kStageBytes : 0) + size_t(keys) * kFp4MaxBlocks * 5 +
+         std::max(words, terms);
 }
 
 void fp4_scores(cudaStream_t stream, const Fp4Queries& q, int64_t t0, int64_t n, const float* wts, int heads,
                 const RowFormat& f, const float* keys, int64_t n_keys, int64_t visible_max, int64_t ratio, int64_t p0,
-                bool tensor_sum, float* score) {
+                bool tensor_cores, float* score) {
   const Fp4Queries chunk = q.from(t0, heads);
-  const dim3 grid(unsigned((visible_max + kFp4KeysPerBlock - 1) / kFp4KeysPerBlock),
+  const int block_keys = tensor_cores ? kTcKeysPerBlock : kFp4KeysPerBlock;
+  const dim3 grid(unsigned((visible_max + block_keys - 1) / block_keys),
                   unsigned((n + kFp4QueriesPerBlock - 1) / kFp4QueriesPerBlock));
-  launch(tensor_sum ? indexer_scores_fp4_kernel<true> : indexer_scores_fp4_kernel<false>, grid, kFp4Threads, fp4_scores_smem(heads), stream, chunk, wts + t0 * heads, n,
-         heads, f, keys, n_keys, ratio, p0 + t0, score);
+  launch(tensor_cores ? indexer_scores_fp4_tc_kernel : indexer_scores_fp4_kernel, grid,
+         tensor_cores ? kTcThreads : kFp4Threads, fp4_scores_smem(heads, tensor_cores), stream, chunk, wts + t0 * heads,
+         n, heads, f, keys, n_keys, ratio, p0 + t0, score);
   DSV4_CUDA_LAUNCHED("indexer_select (FP4 scores)");
 }
 

@@ -34,38 +34,47 @@ struct Fp4QueryArrays {
   using Ptr = std::conditional_t<kWritable, T*, const T*>;
   // Elements per query and head tile of the first three arrays.
   static constexpr int64_t kWords = 64, kExps = 8, kLanes = 4;
-  Ptr<uint4> words;  // [T][head tiles][32 lanes][2]: a lane's 8 operand words, blocks 0 … 3
-  Ptr<int4> exps;    // [T][8 · head tiles]: a head's staged block exponents
-  Ptr<uint4> lanes;  // [T][head tiles][4]: per lane column pair, the scaled weights and the signs
-  Ptr<int4> query;   // [T]: fast (0/1), the least and the greatest key exponent it allows
+  // Elements per query of the images: 64 head rows of 128 bytes, 256 bytes of weight and sign
+  // pairs, the bounds (indexer_fp4.cu).
+  static constexpr int64_t kImageWords = (64 * 128 + 256) / 16 + 1;
+  Ptr<uint4> words;   // [T][head tiles][32 lanes][2]: a lane's 8 operand words, blocks 0 … 3
+  Ptr<int4> exps;     // [T][8 · head tiles]: a head's staged block exponents
+  Ptr<uint4> lanes;   // [T][head tiles][4]: per lane column pair, the scaled weights and the signs
+  Ptr<int4> query;    // [T]: fast (0/1), the least and the greatest key exponent it allows
+  Ptr<uint4> images;  // [T][kImageWords]: what the tensor-core kernel copies whole (null when unused)
 
   // The arrays from query t on.
   __host__ __device__ Fp4QueryArrays from(int64_t t, int64_t heads) const {
     const int64_t tiles = head_tiles(heads);
-    return {words + t * tiles * kWords, exps + t * tiles * kExps, lanes + t * tiles * kLanes, query + t};
+    return {words + t * tiles * kWords, exps + t * tiles * kExps, lanes + t * tiles * kLanes, query + t,
+            images ? images + t * kImageWords : images};
   }
-  Fp4QueryArrays<false> read_only() const { return {words, exps, lanes, query}; }
+  Fp4QueryArrays<false> read_only() const { return {words, exps, lanes, query, images}; }
 };
 using Fp4Queries = Fp4QueryArrays<false>;
 
-// Bytes of the prepared form of T queries of `heads` heads.
-size_t fp4_queries_bytes(int64_t T, int64_t heads);
+// Whether deepseek-tc's tensor-core scores kernel runs queries of `heads` heads on this device
+// (sm_90a: wgmma; at most 64 heads, V4's).
+bool fp4_tensor_cores_apply(int64_t heads);
+
+// Bytes of the prepared form of T queries of `heads` heads; with images for the tensor-core kernel.
+size_t fp4_queries_bytes(int64_t T, int64_t heads, bool images);
 
 // Prepares T queries (q_packed: [T, heads] rows packed in the keys' format f; wts: [T, heads]) in
 // `buffer` (fp4_queries_bytes), returning its view.
 Fp4Queries prepare_fp4_queries(cudaStream_t stream, const float* q_packed, const float* wts, int64_t T, int heads,
-                               const RowFormat& f, void* buffer);
+                               const RowFormat& f, bool images, void* buffer);
 
-// The scores kernel (with the head sums on the bf16 tensor cores or in double) and the shared
-// memory it needs (the caller allows it once).
-const void* fp4_scores_kernel(bool tensor_sum);
-size_t fp4_scores_smem(int heads);
+// The scores kernel (exact, or deepseek-tc's on the tensor cores) and the shared memory it needs
+// (the caller allows it once).
+const void* fp4_scores_kernel(bool tensor_cores);
+size_t fp4_scores_smem(int heads, bool tensor_cores);
 
 // score[t − t0, w] for the queries t0 … t0 + n − 1 of q (positions p0 + t − t0) over the keys each
-// sees (the last sees visible_max); wts as given to prepare_fp4_queries. tensor_sum (deepseek-tc):
-// the head sums of the fast path on the bf16 tensor cores (see indexer_fp4.cu).
+// sees (the last sees visible_max); wts as given to prepare_fp4_queries. tensor_cores: deepseek-tc's
+// kernel (q prepared with images; see indexer_fp4.cu).
 void fp4_scores(cudaStream_t stream, const Fp4Queries& q, int64_t t0, int64_t n, const float* wts, int heads,
                 const RowFormat& f, const float* keys, int64_t n_keys, int64_t visible_max, int64_t ratio, int64_t p0,
-                bool tensor_sum, float* score);
+                bool tensor_cores, float* score);
 
 }  // namespace dsv4::cuda

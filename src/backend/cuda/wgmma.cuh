@@ -1,0 +1,99 @@
+// Hopper's asynchronous tensor-core products (wgmma) and the shared-memory barriers (mbarrier) and
+// bulk copies that feed them: what deepseek-tc's experts (gemm_experts_tc.cu) and indexer
+// (indexer_fp4.cu) kernels share. wgmma exists on sm_90a alone: DSV4_WGMMA is defined where it
+// does, and elsewhere (the sm_80 PTX) those kernels are empty and never chosen (device_has_wgmma).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/device_math.cuh"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define DSV4_WGMMA 1
+#endif
+
+namespace dsv4::cuda {
+
+// Whether the current device runs sm_90a code (wgmma).
+inline bool device_has_wgmma() {
+  static const bool has = [] {
+    int device = 0, major = 0, minor = 0;
+    return cudaGetDevice(&device) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+           cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess && major == 9 &&
+           minor == 0;
+  }();
+  return has;
+}
+
+// Byte offset of 16-byte chunk c of row r in a tile of 128-byte rows, as wgmma's 128-byte swizzle
+// reads it: the chunks of each row permuted by the row's index mod 8. (Host code lays out tiles too.)
+__host__ __device__ __forceinline__ int swizzled(int r, int c) { return r * 128 + 16 * (c ^ (r & 7)); }
+
+#ifdef DSV4_WGMMA
+// A K-major operand tile of 128-byte rows under the 128-byte swizzle (from a 1024-byte boundary):
+// 8-row groups 1024 bytes apart. Adding 2 moves it 32 bytes on along K.
+__device__ __forceinline__ uint64_t tile_descriptor(const void* tile) {
+  const uint32_t at = shared_address(tile);
+  return uint64_t((at & 0x3FFFF) >> 4) | uint64_t(1) << 16 | uint64_t(1024 >> 4) << 32 | uint64_t(1) << 62;
+}
+
+// The products' register hand-over: before a wgmma, every earlier access of its accumulators is
+// done; the issued products are committed as one group; after waiting for it, reads of the
+// accumulators come after the wait (the empty asm ties each register to it).
+__device__ __forceinline__ void wgmma_begin() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_finish(float (&d)[N]) {
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_finish(int (&d)[N]) {
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
+// Shared memory written by this thread (stores, or cp.async copies it has awaited) is ordered before
+// the tensor cores' reads of it that a following barrier lets start.
+__device__ __forceinline__ void fence_for_tensor_cores() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// A barrier in shared memory (mbarrier) that completes a phase once `count` arrivals have come (and,
+// with expect_bytes, those bytes of bulk copies); arriving releases this thread's earlier accesses
+// of shared memory, and a wait for a phase acquires those of every arrival in it. Phases alternate
+// in parity, from 0.
+__device__ __forceinline__ void barrier_init(uint64_t* b, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(b)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void barrier_arrive(uint64_t* b) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(shared_address(b)) : "memory");
+}
+// An arrival that also makes the phase wait for `bytes` more of bulk copies (copy_bulk).
+__device__ __forceinline__ void barrier_expect_bytes(uint64_t* b, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(b)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void barrier_wait(uint64_t* b, int parity) {
+  uint32_t done = 0;
+  while (!done)
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(shared_address(b)), "r"(parity)
+        : "memory");
+}
+
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared memory by the
+// copy engine (one thread issues it), counted on barrier b's current phase.
+__device__ __forceinline__ void copy_bulk(void* dst, const void* src, uint32_t bytes, uint64_t* b) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   shared_address(dst)),
+               "l"(src), "r"(bytes), "r"(shared_address(b))
+               : "memory");
+}
+#endif
+
+}  // namespace dsv4::cuda
