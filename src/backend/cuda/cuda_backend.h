@@ -68,6 +68,9 @@ struct GemmRequest {
   // its activation quantization, still in the scratch, is reused when that GEMM quantized the
   // same rows of the same pointer for the same format (gemm checks; otherwise it quantizes).
   bool x_as_before = false;
+
+  // The rows of x the product reads: ⌈T / x_div⌉.
+  int64_t source_rows() const { return (T + x_div - 1) / x_div; }
 };
 
 // Stream-ordered scratch memory, freed (in stream order) when it goes out of scope.

@@ -585,7 +585,7 @@ void CudaBackend::gemm(const GemmRequest& r) {
   // e4m3 codes (gemm_experts_tc.cu).
   const bool tc_experts = numerics() == Numerics::deepseek_tc && tiled && dmma && fits_tensor_core_experts(r);
   const bool round_out = deepseek() && r.compute != Compute::f32;
-  const int64_t n_src = (r.T + r.x_div - 1) / r.x_div, n_k128 = (K + 127) / 128;
+  const int64_t n_src = r.source_rows(), n_k128 = (K + 127) / 128;
   // One scratch buffer, in parts that are live together: the quantized activations, their scales
   // (written in every form; the bf16 one has them folded in) and the grouping of rows by expert of
   // the tensor-core kernels (int32, as wide as a float). FP4 weights on the exact paths read the

@@ -346,7 +346,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 }  // namespace
 
 bool fits_tensor_core_experts(const GemmRequest& r) {
-  const int64_t x_bytes = (r.T + r.x_div - 1) / r.x_div * r.W.in, w_bytes = (r.row0 + r.rows) * r.W.in / 2;
+  const int64_t x_bytes = r.source_rows() * r.W.in, w_bytes = (r.row0 + r.rows) * r.W.in / 2;
   return r.table && r.W.format == kFp4 && !r.W.scale_is_f32 && r.W.in % 32 == 0 &&
          std::max(x_bytes, w_bytes) <= INT32_MAX &&  // the copies' 32-bit offsets
          smem_bytes(r.W.in) <= 227 * 1024 && device_has_wgmma();
