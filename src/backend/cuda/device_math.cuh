@@ -146,10 +146,11 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
 // The bits of two bf16 (the first in the low half), the tensor cores' operand word; from two
 // floats, each rounded to nearest.
 __device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) { return *reinterpret_cast<const uint32_t*>(&v); }
+__device__ __forceinline__ uint32_t bf16x2_bits(float a, float b) { return bf16x2_bits(__floats2bfloat162_rn(a, b)); }
+// The two bf16 of such a word, for the bf16x2 arithmetic.
 __device__ __forceinline__ __nv_bfloat162 bf16x2_pair(uint32_t bits) {
   return *reinterpret_cast<const __nv_bfloat162*>(&bits);
 }
-__device__ __forceinline__ uint32_t bf16x2_bits(float a, float b) { return bf16x2_bits(__floats2bfloat162_rn(a, b)); }
 
 // The 32-bit shared-window address of a generic pointer into shared memory, as the shared::cta
 // operands of ldmatrix, cp.async, mbarrier and wgmma's descriptors take it.

@@ -29,8 +29,8 @@ inline bool device_has_wgmma() {
 }
 
 // Byte offset of 16-byte chunk c of row r in a tile of 128-byte rows, as wgmma's 128-byte swizzle
-// reads it: the chunks of each row permuted by the row's index mod 8. (Host code lays out tiles too.)
-__host__ __device__ __forceinline__ int swizzled(int r, int c) { return r * 128 + 16 * (c ^ (r & 7)); }
+// reads it: the chunks of each row permuted by the row's index mod 8.
+__device__ __forceinline__ int swizzled(int r, int c) { return r * 128 + 16 * (c ^ (r & 7)); }
 
 #ifdef DSV4_WGMMA
 // A K-major operand tile of 128-byte rows under the 128-byte swizzle (from a 1024-byte boundary):
