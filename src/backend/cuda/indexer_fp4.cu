@@ -387,6 +387,20 @@ __device__ inline double ordered_sum(const uint4* words, const int4* q_exps, con
   return acc;
 }
 
+// A scores block's share of a chunk: the keys w0 … w0 + n_present − 1 (blockIdx.x of blocks of
+// `keys`) for its queries t0 … t_end − 1 (blockIdx.y of groups of kFp4QueriesPerBlock, of n_queries);
+// n_present ≤ 0 when even its last query (visibility grows with t) sees none of its keys.
+struct BlockShare {
+  int64_t w0, t0, t_end;
+  int n_present;
+};
+__device__ inline BlockShare block_share(int keys, int64_t n_queries, int64_t p0, int64_t ratio, int64_t n_keys) {
+  const int64_t w0 = int64_t(blockIdx.x) * keys, t0 = int64_t(blockIdx.y) * kFp4QueriesPerBlock;
+  const int64_t t_end = t0 + kFp4QueriesPerBlock < n_queries ? t0 + kFp4QueriesPerBlock : n_queries;
+  const int64_t visible_last = visible_keys(t_end - 1, p0, ratio, n_keys);
+  return {w0, t0, t_end, int(visible_last - w0 < keys ? visible_last - w0 : keys)};
+}
+
 // The warp's 32 staged keys (rows 32 · warp on, of a block's) as A fragments, row 16 · tile + g + 8r
 // of its 32 at a[tile][·][r] and [2 + r]; whether every one has one staged exponent, the present
 // keys' least and greatest (INT_MAX and INT_MIN when none is), and 2^E_k of this lane's store row
@@ -439,11 +453,8 @@ __global__ void __launch_bounds__(kFp4Threads, 4)
   int* k_exp = reinterpret_cast<int*>(fp4_smem);                                      // [keys][4]
   uint8_t* k_shift = reinterpret_cast<uint8_t*>(fp4_smem + kFp4KeysPerBlock * kFp4MaxBlocks);  // [keys][4]
   uint32_t* k_words = fp4_smem + kFp4KeysPerBlock * kFp4MaxBlocks * 5 / 4;  // [keys][stride], then the terms
-  const int64_t w0 = int64_t(blockIdx.x) * kFp4KeysPerBlock, t0 = int64_t(blockIdx.y) * kFp4QueriesPerBlock;
-  const int64_t t_end = t0 + kFp4QueriesPerBlock < n_queries ? t0 + kFp4QueriesPerBlock : n_queries;
-  const int64_t visible_last = visible_keys(t_end - 1, p0, ratio, n_keys);  // visibility grows with t
-  if (w0 >= visible_last) return;
-  const int n_present = int(visible_last - w0 < kFp4KeysPerBlock ? visible_last - w0 : kFp4KeysPerBlock);
+  const auto [w0, t0, t_end, n_present] = block_share(kFp4KeysPerBlock, n_queries, p0, ratio, n_keys);
+  if (n_present <= 0) return;
   stage_fp4_rows(keys + w0 * f.stride, f, kFp4KeysPerBlock, n_present, k_words, k_exp, k_shift);
   __syncthreads();
 
@@ -543,10 +554,8 @@ __global__ void __launch_bounds__(kTcThreads, 2)
   __shared__ uint64_t filled[kTcStages], emptied[kTcStages];
   __shared__ int group_single[2], group_lo[2], group_hi[2];  // per warpgroup: its warps' WarpKeys
   const int tiles = int(head_tiles(heads)), blocks = f.width / RowFormat::kFp4Block;
-  const int64_t w0 = int64_t(blockIdx.x) * kTcKeysPerBlock, t0 = int64_t(blockIdx.y) * kFp4QueriesPerBlock;
-  const int64_t t_end = t0 + kFp4QueriesPerBlock < n_queries ? t0 + kFp4QueriesPerBlock : n_queries;
-  const int64_t visible_last = visible_keys(t_end - 1, p0, ratio, n_keys);
-  if (w0 >= visible_last) return;
+  const auto [w0, t0, t_end, n_present] = block_share(kTcKeysPerBlock, n_queries, p0, ratio, n_keys);
+  if (n_present <= 0) return;
   const int n_here = int(t_end - t0), tid = threadIdx.x;
   auto fetch = [&](int n) {  // query t0 + n's image into its stage
     uint64_t* full = &filled[n % kTcStages];
@@ -559,7 +568,6 @@ __global__ void __launch_bounds__(kTcThreads, 2)
     for (int n = 0; n < kTcStages && n < n_here; ++n) fetch(n);
     for (int wg = 0; wg < 2; ++wg) group_single[wg] = 1, group_lo[wg] = INT_MAX, group_hi[wg] = INT_MIN;
   }
-  const int n_present = int(visible_last - w0 < kTcKeysPerBlock ? visible_last - w0 : kTcKeysPerBlock);
   stage_fp4_rows(keys + w0 * f.stride, f, kTcKeysPerBlock, n_present, k_words, k_exp, k_shift);  // (barriers)
   __syncthreads();
 
