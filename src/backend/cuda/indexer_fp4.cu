@@ -45,11 +45,12 @@
 // Measured on an H200 (4 synthetic V4-Flash layers, 1M prompt, chunks of 8 192 queries): 79.7 ms
 // per chunk with the top-k, 19.9 per 2 048 queries (44.3 with per-head doubles and conversions, the
 // terms staged in shared memory for an ordered sum); 99.96% of warps took the fast path (a counter,
-// not kept). deepseek-tc's kernel at a 256K prompt (ncu, all launches): 230 ms against the exact
-// kernel's 590 (378 with the tensor-core head sums on mma.sync alone). ncu of one launch of a variant
-// that waited for the key tiles' products one at a time (247 ms, not kept): IPC 2.27, 1.12 eligible
-// warps per scheduler at 2 blocks of 8 warps per SM (128 registers), ≈ 490 instructions per warp and
-// query where the terms need ≈ 250, the integer pipe the busiest (36%).
+// not kept). deepseek-tc's kernel at a 256K prompt (ncu, all launches): 199 ms against the exact
+// kernel's 590 (378 with the tensor-core head sums on mma.sync alone; 230 while each query divided
+// for its visible keys, the products started from a float bias and 44 bytes spilled). ncu of one
+// launch of a variant that waited for the key tiles' products one at a time (247 ms, not kept):
+// IPC 2.27, 1.12 eligible warps per scheduler at 2 blocks of 8 warps per SM (128 registers), ≈ 490
+// instructions per warp and query where the terms need ≈ 250, the integer pipe the busiest (36%).
 #include "backend/cuda/indexer_fp4.cuh"
 
 #include <algorithm>
@@ -77,7 +78,7 @@ constexpr int kFp4Threads = 32 * kFp4Warps;
 // head rows as wgmma's B operand, kImageTile bytes, then the weight and sign pairs, then the bounds)
 // in one of kTcStages stages of shared memory, each from a 1024-byte boundary (the swizzle's period).
 constexpr int kTcWarps = 8;
-constexpr int kTcThreads = 32 * kTcWarps, kTcKeysPerBlock = kKeysPerWarp * kTcWarps;
+constexpr int kTcThreads = 32 * kTcWarps, kTcKeysPerBlock = kKeysPerWarp * kTcWarps, kTcQueriesPerBlock = 32;
 constexpr int kImageHeads = 64, kImageTile = kImageHeads * 128, kImageBytes = int(Fp4QueryArrays<true>::kImageWords * 16);
 static_assert(kImageBytes == kImageTile + 256 + 16, "the image's parts");
 constexpr int kTcStages = 4, kStageBytes = (kImageBytes + 1023) / 1024 * 1024;
@@ -388,15 +389,16 @@ __device__ inline double ordered_sum(const uint4* words, const int4* q_exps, con
 }
 
 // A scores block's share of a chunk: the keys w0 … w0 + n_present − 1 (blockIdx.x of blocks of
-// `keys`) for its queries t0 … t_end − 1 (blockIdx.y of groups of kFp4QueriesPerBlock, of n_queries);
+// `keys`) for its queries t0 … t_end − 1 (blockIdx.y of groups of `queries`, of n_queries);
 // n_present ≤ 0 when even its last query (visibility grows with t) sees none of its keys.
 struct BlockShare {
   int64_t w0, t0, t_end;
   int n_present;
 };
-__device__ inline BlockShare block_share(int keys, int64_t n_queries, int64_t p0, int64_t ratio, int64_t n_keys) {
-  const int64_t w0 = int64_t(blockIdx.x) * keys, t0 = int64_t(blockIdx.y) * kFp4QueriesPerBlock;
-  const int64_t t_end = t0 + kFp4QueriesPerBlock < n_queries ? t0 + kFp4QueriesPerBlock : n_queries;
+__device__ inline BlockShare block_share(int keys, int queries, int64_t n_queries, int64_t p0, int64_t ratio,
+                                         int64_t n_keys) {
+  const int64_t w0 = int64_t(blockIdx.x) * keys, t0 = int64_t(blockIdx.y) * queries;
+  const int64_t t_end = t0 + queries < n_queries ? t0 + queries : n_queries;
   const int64_t visible_last = visible_keys(t_end - 1, p0, ratio, n_keys);
   return {w0, t0, t_end, int(visible_last - w0 < keys ? visible_last - w0 : keys)};
 }
@@ -453,7 +455,8 @@ __global__ void __launch_bounds__(kFp4Threads, 4)
   int* k_exp = reinterpret_cast<int*>(fp4_smem);                                      // [keys][4]
   uint8_t* k_shift = reinterpret_cast<uint8_t*>(fp4_smem + kFp4KeysPerBlock * kFp4MaxBlocks);  // [keys][4]
   uint32_t* k_words = fp4_smem + kFp4KeysPerBlock * kFp4MaxBlocks * 5 / 4;  // [keys][stride], then the terms
-  const auto [w0, t0, t_end, n_present] = block_share(kFp4KeysPerBlock, n_queries, p0, ratio, n_keys);
+  const auto [w0, t0, t_end, n_present] =
+      block_share(kFp4KeysPerBlock, kFp4QueriesPerBlock, n_queries, p0, ratio, n_keys);
   if (n_present <= 0) return;
   stage_fp4_rows(keys + w0 * f.stride, f, kFp4KeysPerBlock, n_present, k_words, k_exp, k_shift);
   __syncthreads();
@@ -464,8 +467,9 @@ __global__ void __launch_bounds__(kFp4Threads, 4)
   __syncthreads();  // every warp holds its keys: their words' space becomes the terms'
   uint16_t* terms = reinterpret_cast<uint16_t*>(k_words) + warp * 8 * tiles * kKeysPerWarp;
   const int64_t warp_w0 = w0 + kKeysPerWarp * warp;
-  for (int64_t t = t0; t < t_end; ++t) {
-    const int64_t visible = visible_keys(t, p0, ratio, n_keys);
+  VisibleKeys visible_now(t0, p0, ratio, n_keys);
+  for (int64_t t = t0; t < t_end; ++t, visible_now.next()) {
+    const int64_t visible = visible_now.count();
     if (warp_w0 >= visible) continue;  // (uniform over the warp)
     const Fp4Queries own = q.from(t, heads);
     if (fast_for(__ldg(own.query), k.single, k.lo, k.hi)) {
@@ -482,22 +486,23 @@ __global__ void __launch_bounds__(kFp4Threads, 4)
 #ifdef DSV4_WGMMA
 // c += A · Bᵀ over one 32-dim block: A 64 keys of int8 codes in registers (a: this thread's
 // fragment, as mma.m16n8k32's for its warp's 16 rows), B the image's 64 head rows in shared memory
-// (b: the block's descriptor); exact int32.
+// (b: the block's descriptor); exact int32. Without kAccumulate, c = A · Bᵀ (c's values unread).
+template <bool kAccumulate>
 __device__ __forceinline__ void wgmma_keys_heads(int (&c)[32], const uint32_t (&a)[4], uint64_t b) {
 #define DSV4_C8(j) "+r"(c[j]), "+r"(c[j + 1]), "+r"(c[j + 2]), "+r"(c[j + 3]), "+r"(c[j + 4]), "+r"(c[j + 5]), "+r"(c[j + 6]), "+r"(c[j + 7])
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
       "%23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p;\n}\n"
       : DSV4_C8(0), DSV4_C8(8), DSV4_C8(16), DSV4_C8(24)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(int(kAccumulate)));
 #undef DSV4_C8
 }
 
 // The fast path's sum for one query on the tensor cores, for this lane's row 8i + g of its warp's
-// keys, times 2^-E_k: the folded dots of both key tiles by wgmma (c: 1.5 · 2^23 + the dot, as float
-// bits, c[4j + 2r + e] the row g + 8r and head 8j + 2i + e), each head pair's terms by one fused
+// keys, times 2^-E_k: the folded dots of both key tiles by wgmma (c[4j + 2r + e]: the row g + 8r and
+// head 8j + 2i + e; floats exactly, |c| < 2^21), each head pair's terms by one fused
 // multiply-add with relu, and their sum by mma.m16n8k16 (see the top). tile: the image in shared
 // memory; pairs: this lane's |w| and sign pairs, head tile j at [2j] and [2j + 1].
 __device__ inline float tensor_sum(const unsigned char* tile, const KeyOperands& a, const uint32_t (&pairs)[16]) {
@@ -507,11 +512,10 @@ __device__ inline float tensor_sum(const unsigned char* tile, const KeyOperands&
 #pragma unroll
   for (int kt = 0; kt < 2; ++kt) {
     int c[32];
-#pragma unroll
-    for (int e = 0; e < 32; ++e) c[e] = kMagicBits;
     wgmma_begin();
+    wgmma_keys_heads<false>(c, a[kt][0], b);
 #pragma unroll
-    for (int bl = 0; bl < kFp4MaxBlocks; ++bl) wgmma_keys_heads(c, a[kt][bl], b + 2 * bl);  // 32 bytes on
+    for (int bl = 1; bl < kFp4MaxBlocks; ++bl) wgmma_keys_heads<true>(c, a[kt][bl], b + 2 * bl);  // 32 bytes on
     wgmma_commit();
     wgmma_finish(c);
     float d[4] = {};  // rows g, g + 8 at [0], [2]; every column the same
@@ -523,8 +527,7 @@ __device__ inline float tensor_sum(const unsigned char* tile, const KeyOperands&
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int j = 2 * m + h;
-          const float f0 = __fsub_rn(__int_as_float(c[4 * j + 2 * r]), kMagic);
-          const float f1 = __fsub_rn(__int_as_float(c[4 * j + 2 * r + 1]), kMagic);
+          const float f0 = __int2float_rn(c[4 * j + 2 * r]), f1 = __int2float_rn(c[4 * j + 2 * r + 1]);
           terms[2 * h + r] =
               bf16x2_bits(__hfma2_relu(__floats2bfloat162_rn(f0, f1), bf16x2_pair(pairs[2 * j]), bf16x2_pair(0u)));
         }
@@ -537,7 +540,7 @@ __device__ inline float tensor_sum(const unsigned char* tile, const KeyOperands&
 #endif
 
 // deepseek-tc's scores (see the top): grid (key blocks of kTcKeysPerBlock, query groups of
-// kFp4QueriesPerBlock). Each warpgroup's 128 keys sit in its registers; the queries' images reach
+// kTcQueriesPerBlock). Each warpgroup's 128 keys sit in its registers; the queries' images reach
 // shared memory by bulk copies kTcStages − 1 queries ahead, thread 0 refilling a stage once every
 // warp has left it. A warpgroup whose keys the fast terms cannot serve for a query takes the
 // ordered path, warp by warp.
@@ -554,7 +557,8 @@ __global__ void __launch_bounds__(kTcThreads, 2)
   __shared__ uint64_t filled[kTcStages], emptied[kTcStages];
   __shared__ int group_single[2], group_lo[2], group_hi[2];  // per warpgroup: its warps' WarpKeys
   const int tiles = int(head_tiles(heads)), blocks = f.width / RowFormat::kFp4Block;
-  const auto [w0, t0, t_end, n_present] = block_share(kTcKeysPerBlock, n_queries, p0, ratio, n_keys);
+  const auto [w0, t0, t_end, n_present] =
+      block_share(kTcKeysPerBlock, kTcQueriesPerBlock, n_queries, p0, ratio, n_keys);
   if (n_present <= 0) return;
   const int n_here = int(t_end - t0), tid = threadIdx.x;
   auto fetch = [&](int n) {  // query t0 + n's image into its stage
@@ -584,8 +588,9 @@ __global__ void __launch_bounds__(kTcThreads, 2)
   const int wg_lo = group_lo[wg], wg_hi = group_hi[wg];
   uint16_t* terms = reinterpret_cast<uint16_t*>(k_words) + warp * 8 * tiles * kKeysPerWarp;
   const int64_t warp_w0 = w0 + kKeysPerWarp * warp, wg_w0 = w0 + 4 * kKeysPerWarp * wg;
-  for (int n = 0; n < n_here; ++n) {
-    const int64_t t = t0 + n, visible = visible_keys(t, p0, ratio, n_keys);
+  VisibleKeys visible_now(t0, p0, ratio, n_keys);
+  for (int n = 0; n < n_here; ++n, visible_now.next()) {
+    const int64_t t = t0 + n, visible = visible_now.count();
     const unsigned char* image = stages + (n % kTcStages) * kStageBytes;
     barrier_wait(&filled[n % kTcStages], n / kTcStages % 2);
     const int4 bounds = *reinterpret_cast<const int4*>(image + kImageBytes - 16);
@@ -598,7 +603,8 @@ __global__ void __launch_bounds__(kTcThreads, 2)
       }
       const float sum = tensor_sum(image, k.a, pairs);
       const int64_t w = warp_w0 + 8 * i + g;
-      if (w < visible) score[t * n_keys + w] = round_bf16(float(double(sum) * k.scale));
+      // (2^E_k is a float, so one float product rounds as the double product's conversion would)
+      if (w < visible) score[t * n_keys + w] = round_bf16(sum * float(k.scale));
     } else if (warp_w0 < visible) {
       const Fp4Queries own = q.from(t, heads);
       const double sum = ordered_sum(own.words, own.exps, wts + t * heads, heads, tiles, blocks, k.a, k_exp, terms);
@@ -656,8 +662,9 @@ void fp4_scores(cudaStream_t stream, const Fp4Queries& q, int64_t t0, int64_t n,
                 bool tensor_cores, float* score) {
   const Fp4Queries chunk = q.from(t0, heads);
   const int block_keys = tensor_cores ? kTcKeysPerBlock : kFp4KeysPerBlock;
+  const int block_queries = tensor_cores ? kTcQueriesPerBlock : kFp4QueriesPerBlock;
   const dim3 grid(unsigned((visible_max + block_keys - 1) / block_keys),
-                  unsigned((n + kFp4QueriesPerBlock - 1) / kFp4QueriesPerBlock));
+                  unsigned((n + block_queries - 1) / block_queries));
   launch(tensor_cores ? indexer_scores_fp4_tc_kernel : indexer_scores_fp4_kernel, grid,
          tensor_cores ? kTcThreads : kFp4Threads, fp4_scores_smem(heads, tensor_cores), stream, chunk, wts + t0 * heads,
          n, heads, f, keys, n_keys, ratio, p0 + t0, score);

@@ -17,6 +17,23 @@ __device__ inline int64_t visible_keys(int64_t t, int64_t p0, int64_t ratio, int
   return (p0 + t + 1) / ratio < n_keys ? (p0 + t + 1) / ratio : n_keys;
 }
 
+// visible_keys for the queries t0, t0 + 1, … in turn, stepping ⌊(p0 + t + 1) / ratio⌋ as a quotient
+// and remainder: a scores kernel's loop over its queries then divides once, not once per query
+// (a 64-bit division is a long call on the GPU).
+class VisibleKeys {
+ public:
+  __device__ VisibleKeys(int64_t t0, int64_t p0, int64_t ratio, int64_t n_keys)
+      : quotient_((p0 + t0 + 1) / ratio), n_keys_(n_keys), remainder_(int((p0 + t0 + 1) % ratio)), ratio_(int(ratio)) {}
+  __device__ int64_t count() const { return quotient_ < n_keys_ ? quotient_ : n_keys_; }
+  __device__ void next() {
+    if (++remainder_ == ratio_) remainder_ = 0, ++quotient_;
+  }
+
+ private:
+  int64_t quotient_, n_keys_;
+  int remainder_, ratio_;
+};
+
 // Whether the compact-key path scores keys of format f and width dim: FP4 rows of whole 32-blocks,
 // at most V4's index_head_dim (128) wide.
 bool fp4_scores_apply(const RowFormat& f, int64_t dim);
