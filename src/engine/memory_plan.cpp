@@ -47,15 +47,17 @@ MemoryPlan plan_memory(const model::ModelConfig& c, size_t weight_bytes, int64_t
   // indexer's scores of every visible key (the CUDA backend scores at most 2^26 per pass) and its
   // queries as the CUDA backend prepares them for compact keys (each head's int8 row padded to 128
   // dims in the exact kernel's lane order and again as the tensor-core kernel's image, the packed
-  // FP4 row and per-head extras: under 3 bytes per padded dim), and the MoE's gate, up and output
-  // rows of each (token, expert) pair in one pass through the experts.
+  // FP4 row and per-head extras: under 3 bytes per padded dim), deepseek-tc's bf16 copy of the
+  // compressed attention rows (CSA's at most, a quarter of the positions), and the MoE's gate, up
+  // and output rows of each (token, expert) pair in one pass through the experts.
   constexpr int64_t kIndexerPaddedDim = 128;
   const int64_t T = std::max<int64_t>(chunk_tokens, 1);
   const double hc_state = double(T * c.hc_mult * c.hidden_size) * 2;
   const double scores = double(std::min<int64_t>(T * (c.max_position_embeddings / 4), int64_t(1) << 26));
   const double indexer_queries = double(T * c.index_n_heads * kIndexerPaddedDim * 3) / v;
+  const double bf16_rows = double(c.max_position_embeddings / 4 * c.head_dim) * 2 / v;
   const double attn = double(T * c.n_heads * c.head_dim) * 2 + double(T * c.index_topk) +
-                      double(T * (c.sliding_window + c.index_topk)) + scores + indexer_queries;
+                      double(T * (c.sliding_window + c.index_topk)) + scores + indexer_queries + bf16_rows;
   const double moe = double(std::min(T, Backend::kMaxMoeTokenChunk) * c.n_experts_per_tok *
                             (c.hidden_size + 2 * c.moe_intermediate_size));
   p.activation_bytes = size_t((hc_state + std::max(attn, moe)) * v);

@@ -30,6 +30,13 @@ struct RowRef {
   bool window;
 };
 
+// Row j of a query's rows by number: row i of the window's (window) or of the compressed rows;
+// i < 0 for a skipped selection entry and past the last row.
+struct RowIndex {
+  int64_t i;
+  bool window;
+};
+
 // The rows query t attends, in order: window rows [lo, pos], then the compressed rows (the
 // visible ones, or the indexer's selection, whose −1 entries stay in place as skipped rows).
 struct QueryRows {
@@ -41,16 +48,18 @@ struct QueryRows {
     const int64_t visible = a.comp.ratio > 0 ? (pos + 1) / a.comp.ratio : 0;
     n = n_win + (a.comp.idx ? a.comp.k : (visible < a.comp.n ? visible : a.comp.n));
   }
+  __device__ RowIndex index(const AttnArgs& a, int64_t t, int64_t j) const {
+    if (j >= n) return {-1, false};
+    if (j < n_win) return {lo + j - a.swa.first_pos, true};
+    const int64_t w = j - n_win;
+    if (!a.comp.idx) return {w, false};
+    const int32_t sel = a.comp.idx[t * a.comp.k + w];
+    return {sel < 0 || sel >= a.comp.n ? -1 : sel, false};
+  }
   __device__ RowRef row(const AttnArgs& a, int64_t t, int64_t j) const {
-    if (j >= n) return {nullptr, false};
-    if (j < n_win) return {a.swa.kv + (lo + j - a.swa.first_pos) * a.hd, true};
-    int64_t w = j - n_win;
-    if (a.comp.idx) {
-      const int32_t sel = a.comp.idx[t * a.comp.k + w];
-      if (sel < 0 || sel >= a.comp.n) return {nullptr, false};
-      w = sel;
-    }
-    return {a.comp.kv + w * a.comp.format.stride, false};
+    const RowIndex r = index(a, t, j);
+    if (r.i < 0) return {nullptr, false};
+    return {r.window ? a.swa.kv + r.i * a.hd : a.comp.kv + r.i * a.comp.format.stride, r.window};
   }
 };
 

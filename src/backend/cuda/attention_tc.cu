@@ -8,22 +8,26 @@
 // max grows, where the exact path rounds exp(logit − final max). The sink still joins the
 // denominator, not the max, and the denominator sums the unrounded exponentials.
 //
+// Every row is a bf16 row first: the chunk's window and the compressed rows are converted once
+// per call (compact rows' e4m3 codes by bit placement times their block's exponent, exact), so a
+// row read by many queries is converted once, not once per query (H200, 4 synthetic V4-Flash
+// layers, 256K prompt, ncu over all launches: 594 ms against 776 when each query's block converted
+// its tiles in shared memory).
+//
 // One block of 8 warps per (query, 64 heads): the heads of a query share its rows (one KV head),
 // so both products have the heads as M. The rows come in tiles of 32:
-//   staging: each thread copies its share of one row with cp.async (no registers) into a raw
-//     slot, the next tile's while the current one is summed: window rows from a bf16 copy of the
-//     chunk's window (made once per call), compact rows as stored;
-//   conversion: the raw tile becomes a bf16 tile (e4m3 codes by bit placement times their
-//     block's exponent, exact), zeros for skipped or missing rows;
+//   staging: each thread copies its share of one bf16 row with cp.async (no registers) into a
+//     tile slot, the next tile's while the current one is summed; zeros for skipped or missing rows;
 //   logits: warp (r, c) takes heads 16r … 16r + 15 against tile rows 16c … 16c + 15 over all dims;
 //   softmax: the two warps of a head row meet in shared memory for the tile's max, then write the
 //     bf16 probabilities;
 //   values: warp (r, c) adds P · V for its 16 heads over dims 256c … 256c + 255 (128 fp32
 //     accumulators per lane), rescaled first when a max grew.
-// The query (64 × 512 bf16), a bf16 tile, two raw tiles and the probabilities take 172 KB of
-// shared memory: one block per SM, its 256 threads with up to 255 registers each.
+// The query (64 × 512 bf16), two tile slots and the probabilities take 138 KB of shared memory:
+// one block per SM, its 256 threads with up to 255 registers each.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cuda/async_copy.cuh"
@@ -41,16 +45,13 @@ constexpr int kHeads = 64;                  // per block: 4 warp rows of 16
 constexpr int kTileRows = 32;               // rows per step: the logits' N, the values' K
 constexpr int kMaxDim = 512;                // two warp columns of 256 dims
 constexpr int kPitch = kMaxDim + 8;         // bf16 per staged head or row: 1 040 B, so ldmatrix's 8 rows hit distinct banks
-constexpr int kRawPitch = 1040;             // bytes per raw row: a bf16 window row (1 024 B) or a compact row
 constexpr int kProbPitch = kTileRows + 8;   // bf16 per head of probabilities (80 B: distinct banks too)
 constexpr int kValueDims = kMaxDim / 2;     // per warp column
 constexpr int kValueTiles = kValueDims / 8;  // fp32 accumulator fragments per lane (4 floats each)
 
-enum RowKind : int { kNoRow = 0, kWindowRow = 1, kCompactRow = 2 };
-
 constexpr size_t kQueryBytes = size_t(kHeads) * kPitch * 2, kTileBytes = size_t(kTileRows) * kPitch * 2,
-                 kRawBytes = 2 * size_t(kTileRows) * kRawPitch, kProbBytes = size_t(kHeads) * kProbPitch * 2;
-constexpr size_t kSmemBytes = kQueryBytes + kTileBytes + kRawBytes + kProbBytes + 2 * kHeads * sizeof(float) +
+                 kProbBytes = size_t(kHeads) * kProbPitch * 2;
+constexpr size_t kSmemBytes = kQueryBytes + 2 * kTileBytes + kProbBytes + 2 * kHeads * sizeof(float) +
                               2 * kTileRows * sizeof(int);
 
 // Four e4m3 codes (a word, the first in the low byte) of a block with E8M0 exponent e, as four bf16
@@ -73,16 +74,37 @@ __global__ void window_bf16_kernel(const float* kv, int64_t n, __nv_bfloat16* ou
     out[e] = __float2bfloat16_rn(kv[e]);
 }
 
-// Block (query t, heads h0 … h0 + 63); `window` is a.swa.kv as bf16 (same indexing).
-__global__ void __launch_bounds__(kThreads, 1) tc_attention_kernel(AttnArgs a, const __nv_bfloat16* window) {
+// The n compact rows of kv (format f) as bf16 rows of f.width, a group of 4 dims per thread.
+__global__ void compact_bf16_kernel(const float* kv, RowFormat f, int64_t n, __nv_bfloat16* out) {
+  await_previous_kernel();
+  const int groups = f.width / 4;
+  const int64_t n_groups = n * groups;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n_groups; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t w = e / groups;
+    const int d0 = 4 * int(e % groups);
+    const unsigned char* src = reinterpret_cast<const unsigned char*>(kv + w * f.stride);
+    uint2 v;
+    if (d0 < f.quant_dims) {
+      v = e4m3x4_bf16(*reinterpret_cast<const uint32_t*>(src + d0), src[f.quant_dims + d0 / RowFormat::kFp8Block]);
+    } else {  // the bf16 dims: 2-byte aligned only
+      const uint16_t* tail = reinterpret_cast<const uint16_t*>(src + f.tail_offset()) + (d0 - f.quant_dims);
+      v = make_uint2(uint32_t(tail[0]) | uint32_t(tail[1]) << 16, uint32_t(tail[2]) | uint32_t(tail[3]) << 16);
+    }
+    *reinterpret_cast<uint2*>(out + w * f.width + d0) = v;
+  }
+}
+
+// Block (query t, heads h0 … h0 + 63); `window` and `compressed` are a.swa.kv and a.comp.kv as bf16
+// rows of a.hd (same row numbers).
+__global__ void __launch_bounds__(kThreads, 1)
+    tc_attention_kernel(AttnArgs a, const __nv_bfloat16* window, const __nv_bfloat16* compressed) {
   await_previous_kernel();
   extern __shared__ __align__(16) unsigned char smem[];
   __nv_bfloat16* qs = reinterpret_cast<__nv_bfloat16*>(smem);                        // [kHeads][kPitch]
-  __nv_bfloat16* tile_rows = reinterpret_cast<__nv_bfloat16*>(smem + kQueryBytes);  // [kTileRows][kPitch]
-  unsigned char* raw = smem + kQueryBytes + kTileBytes;                             // [2][kTileRows][kRawPitch]
-  __nv_bfloat16* probs = reinterpret_cast<__nv_bfloat16*>(raw + kRawBytes);         // [kHeads][kProbPitch]
+  __nv_bfloat16* tiles = reinterpret_cast<__nv_bfloat16*>(smem + kQueryBytes);      // [2][kTileRows][kPitch]
+  __nv_bfloat16* probs = tiles + 2 * kTileRows * kPitch;                             // [kHeads][kProbPitch]
   float* meet = reinterpret_cast<float*>(probs + kHeads * kProbPitch);               // [2][kHeads]
-  int* kinds = reinterpret_cast<int*>(meet + 2 * kHeads);                            // [2][kTileRows]
+  int* present = reinterpret_cast<int*>(meet + 2 * kHeads);                          // [2][kTileRows]
 
   const int64_t t = blockIdx.x, h0 = int64_t(blockIdx.y) * kHeads;
   const int hd = int(a.hd);
@@ -90,7 +112,6 @@ __global__ void __launch_bounds__(kThreads, 1) tc_attention_kernel(AttnArgs a, c
   const int head_row = warp / 2, col = warp % 2;  // heads 16·head_row …; logits rows 16·col …, value dims 256·col …
   const QueryRows rows(a, t);
   const int n_tiles = int((rows.n + kTileRows - 1) / kTileRows);
-  const RowFormat f = a.comp.format;
 
   // The query's heads as bf16, zeros past H (dims past hd are never read).
   for (int e = tid; e < kHeads * (hd / 4); e += kThreads) {
@@ -100,74 +121,43 @@ __global__ void __launch_bounds__(kThreads, 1) tc_attention_kernel(AttnArgs a, c
     *reinterpret_cast<uint2*>(qs + h * kPitch + d0) = make_uint2(bf16x2_bits(v.x, v.y), bf16x2_bits(v.z, v.w));
   }
 
-  // Staging and conversion: thread (row r, part u) handles row r of a tile, every 8th piece of it.
+  // Staging: thread (row r, part u) copies every 8th 16-byte piece of row r of a tile.
   const int r_own = tid / 8, u_own = tid % 8;
   auto stage = [&](int tile, int slot) {
-    const RowRef ref = rows.row(a, t, int64_t(tile) * kTileRows + r_own);
-    unsigned char* dst = raw + (slot * kTileRows + r_own) * kRawPitch;
-    int kind = kNoRow;
-    if (ref.p && ref.window) {
-      kind = kWindowRow;
-      const __nv_bfloat16* src = window + (ref.p - a.swa.kv);
-      for (int c = u_own; c < hd / 8; c += 8) copy_async_16(dst + 16 * c, src + 8 * c, true);
-    } else if (ref.p) {
-      kind = kCompactRow;
-      const unsigned char* src = reinterpret_cast<const unsigned char*>(ref.p);
-      if (f.stride % 2 == 0)
-        for (int c = u_own; c < f.stride / 2; c += 8) copy_async_small<8>(dst + 8 * c, src + 8 * c);
-      else
-        for (int c = u_own; c < f.stride; c += 8) copy_async_small<4>(dst + 4 * c, src + 4 * c);
-    }
-    if (u_own == 0) kinds[slot * kTileRows + r_own] = kind;
-  };
-  auto convert = [&](int slot) {
-    const int kind = kinds[slot * kTileRows + r_own];
-    const unsigned char* src = raw + (slot * kTileRows + r_own) * kRawPitch;
-    __nv_bfloat16* dst = tile_rows + r_own * kPitch;
-    for (int c = u_own; c < hd / 4; c += 8) {
-      const int d0 = 4 * c;
-      uint2 v = make_uint2(0u, 0u);
-      if (kind == kWindowRow) {
-        v = *reinterpret_cast<const uint2*>(src + 2 * d0);
-      } else if (kind == kCompactRow && d0 < f.quant_dims) {
-        v = e4m3x4_bf16(*reinterpret_cast<const uint32_t*>(src + d0), src[f.quant_dims + d0 / RowFormat::kFp8Block]);
-      } else if (kind == kCompactRow) {  // the bf16 dims: 2-byte aligned only
-        const uint16_t* tail = reinterpret_cast<const uint16_t*>(src + f.tail_offset()) + (d0 - f.quant_dims);
-        v = make_uint2(uint32_t(tail[0]) | uint32_t(tail[1]) << 16, uint32_t(tail[2]) | uint32_t(tail[3]) << 16);
-      }
-      *reinterpret_cast<uint2*>(dst + d0) = v;
-    }
+    const RowIndex ref = rows.index(a, t, int64_t(tile) * kTileRows + r_own);
+    const __nv_bfloat16* src = (ref.window ? window : compressed) + (ref.i >= 0 ? ref.i : 0) * a.hd;
+    __nv_bfloat16* dst = tiles + (slot * kTileRows + r_own) * kPitch;
+    for (int c = u_own; c < hd / 8; c += 8) copy_async_16(dst + 8 * c, src + 8 * c, ref.i >= 0);  // else zeros
+    if (u_own == 0) present[slot * kTileRows + r_own] = ref.i >= 0;
   };
 
-  // ldmatrix row addresses of this lane (see load_matrices): the query's A fragments; the tile as
-  // the logits' B (rows as N) and as the values' B (rows as K, transposed); the probabilities' A.
+  // ldmatrix row addresses of this lane (see load_matrices): the query's A fragments; slot 0's tile
+  // as the logits' B (rows as N) and as the values' B (rows as K, transposed); the probabilities' A.
   const __nv_bfloat16* q_at = qs + (16 * head_row + lane % 16) * kPitch + (lane / 16) * 8;
-  const __nv_bfloat16* key_at = tile_rows + (16 * col + lane % 8 + (lane / 16) * 8) * kPitch + (lane / 8) % 2 * 8;
-  const __nv_bfloat16* value_at = tile_rows + (lane % 8 + (lane / 8) % 2 * 8) * kPitch + kValueDims * col + (lane / 16) * 8;
+  const __nv_bfloat16* key_at = tiles + (16 * col + lane % 8 + (lane / 16) * 8) * kPitch + (lane / 8) % 2 * 8;
+  const __nv_bfloat16* value_at = tiles + (lane % 8 + (lane / 8) % 2 * 8) * kPitch + kValueDims * col + (lane / 16) * 8;
   const __nv_bfloat16* prob_at = probs + (16 * head_row + lane % 16) * kProbPitch + (lane / 16) * 8;
 
   float o[kValueTiles][4] = {};
   float running_max[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};  // heads g, g + 8 of the head row
 
-  // The first tile's copies are a group of their own, which the first wait covers (in tile 1's
-  // group they could still be in flight at the first conversion: compute-sanitizer's racecheck).
+  // Each tile's copies are one group, issued while the tile before is summed and awaited at the
+  // start of its own step, once every warp has left the slot they refill.
   stage(0, 0);
   commit_async_copies();
   for (int tile = 0; tile < n_tiles; ++tile) {
-    const int slot = tile % 2;
-    if (tile + 1 < n_tiles) stage(tile + 1, slot ^ 1);
-    commit_async_copies();
-    await_async_copies<1>();  // this tile's copies (the next tile's may still be in flight)
+    const int slot = tile % 2, slot_at = slot * kTileRows * kPitch;
+    await_async_copies<0>();  // this tile's copies
     __syncthreads();          // every thread's copies landed; every warp is done with the last tile
-    convert(slot);
-    __syncthreads();
+    if (tile + 1 < n_tiles) stage(tile + 1, slot ^ 1);  // (into the slot the last tile left)
+    commit_async_copies();
 
     // Logits: c[n][k] is head 16·head_row + g + 8·(k / 2), tile row 16·col + 8n + 2i + k % 2.
     float c[2][4] = {};
     for (int kk = 0; kk < hd / 16; ++kk) {
       uint32_t qa[4], kb[4];
       load_matrices<false>(qa, q_at + 16 * kk);
-      load_matrices<false>(kb, key_at + 16 * kk);
+      load_matrices<false>(kb, key_at + slot_at + 16 * kk);
       mma_bf16(c[0], qa, kb[0], kb[1]);
       mma_bf16(c[1], qa, kb[2], kb[3]);
     }
@@ -176,8 +166,7 @@ __global__ void __launch_bounds__(kThreads, 1) tc_attention_kernel(AttnArgs a, c
     for (int n = 0; n < 2; ++n)
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        const bool present = kinds[slot * kTileRows + 16 * col + 8 * n + 2 * i + k % 2] != kNoRow;
-        c[n][k] = present ? c[n][k] * a.softmax_scale : -INFINITY;
+        c[n][k] = present[slot * kTileRows + 16 * col + 8 * n + 2 * i + k % 2] ? c[n][k] * a.softmax_scale : -INFINITY;
         mx[k / 2] = fmaxf(mx[k / 2], c[n][k]);
       }
 #pragma unroll
@@ -220,7 +209,7 @@ __global__ void __launch_bounds__(kThreads, 1) tc_attention_kernel(AttnArgs a, c
       for (int np = 0; np < kValueTiles / 2; ++np) {
         if (kValueDims * col + 16 * np >= hd) break;
         uint32_t vb[4];
-        load_matrices<true>(vb, value_at + 16 * ks * kPitch + 16 * np);
+        load_matrices<true>(vb, value_at + slot_at + 16 * ks * kPitch + 16 * np);
         mma_bf16(o[2 * np], pa, vb[0], vb[1]);
         mma_bf16(o[2 * np + 1], pa, vb[2], vb[3]);
       }
@@ -257,8 +246,7 @@ __global__ void __launch_bounds__(kThreads, 1) tc_attention_kernel(AttnArgs a, c
 }  // namespace
 
 bool fits_tensor_core_attention(const AttnArgs& a) {
-  const bool compact_rows = !a.comp.kv || (a.comp.format.kind == RowFormat::fp8_bf16 &&
-                                           size_t(a.comp.format.stride) * 4 <= size_t(kRawPitch));
+  const bool compact_rows = !a.comp.kv || a.comp.format.kind == RowFormat::fp8_bf16;
   return a.hd % 16 == 0 && a.hd <= kMaxDim && compact_rows;
 }
 
@@ -268,9 +256,16 @@ void CudaBackend::tensor_core_attention(const AttnArgs& a, int64_t T) {
   DeviceArray<__nv_bfloat16> window(stream_, size_t(a.swa.n * a.hd));
   launch(window_bf16_kernel, grid_for(a.swa.n * a.hd, 256), 256, 0, stream_, a.swa.kv, a.swa.n * a.hd, window.get());
   DSV4_CUDA_LAUNCHED("attention (window as bf16)");
+  const int64_t n_comp = a.comp.kv ? a.comp.n : 0;
+  DeviceArray<__nv_bfloat16> compressed(stream_, size_t(std::max<int64_t>(n_comp, 1) * a.hd));
+  if (n_comp > 0) {
+    launch(compact_bf16_kernel, grid_for(n_comp * (a.hd / 4), 256), 256, 0, stream_, a.comp.kv, a.comp.format, n_comp,
+           compressed.get());
+    DSV4_CUDA_LAUNCHED("attention (compressed rows as bf16)");
+  }
   allow_shared_memory(reinterpret_cast<const void*>(tc_attention_kernel), kSmemBytes, "tensor-core attention");
   launch(tc_attention_kernel, dim3(unsigned(T), unsigned((a.H + kHeads - 1) / kHeads)), kThreads, kSmemBytes, stream_,
-         a, static_cast<const __nv_bfloat16*>(window.get()));
+         a, static_cast<const __nv_bfloat16*>(window.get()), static_cast<const __nv_bfloat16*>(compressed.get()));
   DSV4_CUDA_LAUNCHED("attention (tensor cores)");
 }
 
