@@ -78,7 +78,7 @@ constexpr int kFp4Threads = 32 * kFp4Warps;
 // head rows as wgmma's B operand, kImageTile bytes, then the weight and sign pairs, then the bounds)
 // in one of kTcStages stages of shared memory, each from a 1024-byte boundary (the swizzle's period).
 constexpr int kTcWarps = 8;
-constexpr int kTcThreads = 32 * kTcWarps, kTcKeysPerBlock = kKeysPerWarp * kTcWarps, kTcQueriesPerBlock = 32;
+constexpr int kTcThreads = 32 * kTcWarps, kTcKeysPerBlock = kKeysPerWarp * kTcWarps, kTcQueriesPerBlock = 64;
 constexpr int kImageHeads = 64, kImageTile = kImageHeads * 128, kImageBytes = int(Fp4QueryArrays<true>::kImageWords * 16);
 static_assert(kImageBytes == kImageTile + 256 + 16, "the image's parts");
 constexpr int kTcStages = 4, kStageBytes = (kImageBytes + 1023) / 1024 * 1024;
