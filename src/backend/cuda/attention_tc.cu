@@ -11,19 +11,20 @@
 // Every row is a bf16 row first: the chunk's window and the compressed rows are converted once
 // per call (compact rows' e4m3 codes by bit placement times their block's exponent, exact), so a
 // row read by many queries is converted once, not once per query (H200, 4 synthetic V4-Flash
-// layers, 256K prompt, ncu over all launches: 594 ms against 776 when each query's block converted
-// its tiles in shared memory).
+// layers, 256K prompt, ncu over all launches, tiles of 32 rows: 594 ms against 776 when each query's
+// block converted its tiles in shared memory).
 //
 // One block of 8 warps per (query, 64 heads): the heads of a query share its rows (one KV head),
-// so both products have the heads as M. The rows come in tiles of 32:
+// so both products have the heads as M. The rows come in tiles of 64 (12% faster than 32 at a
+// 256K prompt: fewer barriers and max exchanges per row):
 //   staging: each thread copies its share of one bf16 row with cp.async (no registers) into a
 //     tile slot, the next tile's while the current one is summed; zeros for skipped or missing rows;
-//   logits: warp (r, c) takes heads 16r … 16r + 15 against tile rows 16c … 16c + 15 over all dims;
+//   logits: warp (r, c) takes heads 16r … 16r + 15 against the tile's c-th half of rows over all dims;
 //   softmax: the two warps of a head row meet in shared memory for the tile's max, then write the
 //     bf16 probabilities;
 //   values: warp (r, c) adds P · V for its 16 heads over dims 256c … 256c + 255 (128 fp32
 //     accumulators per lane), rescaled first when a max grew.
-// The query (64 × 512 bf16), two tile slots and the probabilities take 138 KB of shared memory:
+// The query (64 × 512 bf16), two tile slots and the probabilities take 205 KB of shared memory:
 // one block per SM, its 256 threads with up to 255 registers each.
 #include <cuda_bf16.h>
 
@@ -42,10 +43,12 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kHeads = 64;                  // per block: 4 warp rows of 16
-constexpr int kTileRows = 32;               // rows per step: the logits' N, the values' K
+constexpr int kTileRows = 64;               // rows per step: the logits' N, the values' K
+constexpr int kColRows = kTileRows / 2;     // the logits' rows per warp column
+constexpr int kRowTiles = kColRows / 8;     // their mma tiles of 8 rows
 constexpr int kMaxDim = 512;                // two warp columns of 256 dims
 constexpr int kPitch = kMaxDim + 8;         // bf16 per staged head or row: 1 040 B, so ldmatrix's 8 rows hit distinct banks
-constexpr int kProbPitch = kTileRows + 8;   // bf16 per head of probabilities (80 B: distinct banks too)
+constexpr int kProbPitch = kTileRows + 8;   // bf16 per head of probabilities (144 B: distinct banks too)
 constexpr int kValueDims = kMaxDim / 2;     // per warp column
 constexpr int kValueTiles = kValueDims / 8;  // fp32 accumulator fragments per lane (4 floats each)
 
@@ -121,20 +124,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     *reinterpret_cast<uint2*>(qs + h * kPitch + d0) = make_uint2(bf16x2_bits(v.x, v.y), bf16x2_bits(v.z, v.w));
   }
 
-  // Staging: thread (row r, part u) copies every 8th 16-byte piece of row r of a tile.
-  const int r_own = tid / 8, u_own = tid % 8;
+  // Staging: thread (row r, part u) copies every 8th 16-byte piece of rows r, r + 32, … of a tile.
   auto stage = [&](int tile, int slot) {
-    const RowIndex ref = rows.index(a, t, int64_t(tile) * kTileRows + r_own);
-    const __nv_bfloat16* src = (ref.window ? window : compressed) + (ref.i >= 0 ? ref.i : 0) * a.hd;
-    __nv_bfloat16* dst = tiles + (slot * kTileRows + r_own) * kPitch;
-    for (int c = u_own; c < hd / 8; c += 8) copy_async_16(dst + 8 * c, src + 8 * c, ref.i >= 0);  // else zeros
-    if (u_own == 0) present[slot * kTileRows + r_own] = ref.i >= 0;
+    for (int r = tid / 8; r < kTileRows; r += kThreads / 8) {
+      const RowIndex ref = rows.index(a, t, int64_t(tile) * kTileRows + r);
+      const __nv_bfloat16* src = (ref.window ? window : compressed) + (ref.i >= 0 ? ref.i : 0) * a.hd;
+      __nv_bfloat16* dst = tiles + (slot * kTileRows + r) * kPitch;
+      for (int c = tid % 8; c < hd / 8; c += 8) copy_async_16(dst + 8 * c, src + 8 * c, ref.i >= 0);  // else zeros
+      if (tid % 8 == 0) present[slot * kTileRows + r] = ref.i >= 0;
+    }
   };
 
   // ldmatrix row addresses of this lane (see load_matrices): the query's A fragments; slot 0's tile
   // as the logits' B (rows as N) and as the values' B (rows as K, transposed); the probabilities' A.
   const __nv_bfloat16* q_at = qs + (16 * head_row + lane % 16) * kPitch + (lane / 16) * 8;
-  const __nv_bfloat16* key_at = tiles + (16 * col + lane % 8 + (lane / 16) * 8) * kPitch + (lane / 8) % 2 * 8;
+  const __nv_bfloat16* key_at = tiles + (kColRows * col + lane % 8 + (lane / 16) * 8) * kPitch + (lane / 8) % 2 * 8;
   const __nv_bfloat16* value_at = tiles + (lane % 8 + (lane / 8) % 2 * 8) * kPitch + kValueDims * col + (lane / 16) * 8;
   const __nv_bfloat16* prob_at = probs + (16 * head_row + lane % 16) * kProbPitch + (lane / 16) * 8;
 
@@ -152,21 +156,26 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (tile + 1 < n_tiles) stage(tile + 1, slot ^ 1);  // (into the slot the last tile left)
     commit_async_copies();
 
-    // Logits: c[n][k] is head 16·head_row + g + 8·(k / 2), tile row 16·col + 8n + 2i + k % 2.
-    float c[2][4] = {};
+    // Logits: c[n][k] is head 16·head_row + g + 8·(k / 2), tile row kColRows·col + 8n + 2i + k % 2.
+    float c[kRowTiles][4] = {};
     for (int kk = 0; kk < hd / 16; ++kk) {
-      uint32_t qa[4], kb[4];
+      uint32_t qa[4];
       load_matrices<false>(qa, q_at + 16 * kk);
-      load_matrices<false>(kb, key_at + slot_at + 16 * kk);
-      mma_bf16(c[0], qa, kb[0], kb[1]);
-      mma_bf16(c[1], qa, kb[2], kb[3]);
+#pragma unroll
+      for (int n = 0; n < kRowTiles; n += 2) {
+        uint32_t kb[4];
+        load_matrices<false>(kb, key_at + slot_at + 8 * n * kPitch + 16 * kk);
+        mma_bf16(c[n], qa, kb[0], kb[1]);
+        mma_bf16(c[n + 1], qa, kb[2], kb[3]);
+      }
     }
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int n = 0; n < 2; ++n)
+    for (int n = 0; n < kRowTiles; ++n)
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        c[n][k] = present[slot * kTileRows + 16 * col + 8 * n + 2 * i + k % 2] ? c[n][k] * a.softmax_scale : -INFINITY;
+        const bool here = present[slot * kTileRows + kColRows * col + 8 * n + 2 * i + k % 2];
+        c[n][k] = here ? c[n][k] * a.softmax_scale : -INFINITY;
         mx[k / 2] = fmaxf(mx[k / 2], c[n][k]);
       }
 #pragma unroll
@@ -186,11 +195,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       running_max[r] = m;
       float s = 0.0f;
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
+      for (int n = 0; n < kRowTiles; ++n) {
         c[n][2 * r] = __expf(c[n][2 * r] - base);
         c[n][2 * r + 1] = __expf(c[n][2 * r + 1] - base);
         s += c[n][2 * r] + c[n][2 * r + 1];
-        *reinterpret_cast<uint32_t*>(probs + h * kProbPitch + 16 * col + 8 * n + 2 * i) =
+        *reinterpret_cast<uint32_t*>(probs + h * kProbPitch + kColRows * col + 8 * n + 2 * i) =
             bf16x2_bits(c[n][2 * r], c[n][2 * r + 1]);
       }
       sum[r] = sum[r] * alpha[r] + s;
