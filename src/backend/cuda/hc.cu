@@ -3,12 +3,15 @@
 // output y and the new HC state are rounded (to bf16 in deepseek numerics).
 //
 // Parallelisation: the mix projection x·fnᵀ is the shared GEMM (fp32 path). Then blocks per
-// token: the stream RMS is a block-wide double reduction (each block its own), the gates take one
-// thread each, the Sinkhorn iterations one lane per hc×hc element in warp 0 of a block of their
-// own (a serial loop in one thread took most of the op's time in decode), and at decode a few
-// more blocks write u over slices of D meanwhile. Blocks have 1024 threads and keep several loads
-// in flight per thread (with 256 threads each waiting on one load at a time, hc_pre took 50 µs per
-// token on an H200).
+// token: the stream RMS is a block-wide double reduction (each block its own), every thread
+// computes the hc pre gates it needs, the Sinkhorn iterations take one lane per hc×hc element in
+// warp 0 of the token's last block (a serial loop in one thread took most of the op's time in
+// decode), and the other warps write u. At decode (few tokens) the Sinkhorn's block does only
+// that, while a few more blocks of 1024 threads write u over slices of D; each keeps several
+// loads in flight per thread (with 256 threads each waiting on one load at a time, hc_pre took
+// 50 µs per token on an H200). In prefill one block of 256 threads per token does everything, so
+// its state is read once, and the many blocks per SM hide the Sinkhorn's latency (two blocks per
+// token, the Sinkhorn's holding 1024 threads: 1.17 ms per call at 8 192 tokens).
 // hc_post is one thread per (token, d), all hc streams (in place: the engine passes X_out = X).
 #include <algorithm>
 
@@ -20,13 +23,9 @@ namespace dsv4::cuda {
 
 namespace {
 
-constexpr int kTokenThreads = 1024;
+constexpr int kTokenThreads = 1024, kPrefillThreads = 256;
 constexpr int64_t kMaxPreSlices = 4;  // hc_pre's blocks over D per token
 constexpr int kMaxHc = 5;  // hc·hc ≤ 32: the Sinkhorn runs in one warp (hc_mult is 4 in every V4 config)
-// The pre gates' shared array, padded to whole 16-byte words: collapse()'s loop over h is compiled
-// to 4-wide shared loads, whose last one reached past a kMaxHc-float array (compute-sanitizer's
-// memcheck flagged it at hc = 2; the values past hc are never used).
-constexpr int kPreSlots = (kMaxHc + 3) / 4 * 4;
 
 // rsqrt(mean(x²) + eps) over the flattened hc·D state of one token (a block-wide reduction).
 __device__ float stream_rms_inverse(const float* x, int64_t n, float eps, double* scratch) {
@@ -68,13 +67,15 @@ __device__ float sinkhorn(float m, int hc, int64_t iters, float eps) {
 }
 
 // u[t] = Σ_h pre_h · X[t, h] over dims [d_begin, d_end) of D (sequential over h, in double,
-// rounded once).
-__device__ void collapse(const float* x, const float* pre, int hc, int64_t D, int64_t d_begin, int64_t d_end,
-                         bool bf16, float* u) {
+// rounded once), by `workers` threads of which this is number `worker`.
+__device__ void collapse(const float* x, const double (&pre)[kMaxHc], int hc, int64_t D, int64_t d_begin,
+                         int64_t d_end, int worker, int workers, bool bf16, float* u) {
 #pragma unroll 4
-  for (int64_t d = d_begin + threadIdx.x; d < d_end; d += blockDim.x) {
+  for (int64_t d = d_begin + worker; d < d_end; d += workers) {
     double acc = 0.0;
-    for (int h = 0; h < hc; ++h) acc += double(pre[h]) * double(x[h * D + d]);
+#pragma unroll
+    for (int h = 0; h < kMaxHc; ++h)
+      if (h < hc) acc += pre[h] * double(x[h * D + d]);
     u[d] = round_if(bf16, float(acc));
   }
 }
@@ -88,46 +89,52 @@ struct HcArgs {
   bool bf16;
 };
 
-// Block (t, s): for s < slices, u over the s-th slice of D; block (t, slices): the post gates and
-// the Sinkhorn, in warp 0, alongside. Each block finds the stream RMS itself.
+// The pre gates of a token (mix row m, stream RMS inverse rs) as doubles: every thread its own.
+__device__ inline void pre_gates(const HcArgs& a, const float* m, float rs, double (&pre)[kMaxHc]) {
+#pragma unroll
+  for (int h = 0; h < kMaxHc; ++h)
+    pre[h] = h < a.hc ? double(sigmoid_f(m[h] * rs * a.scale0 + a.base[h]) + a.hc_eps) : 0.0;
+}
+
+// Grid (T, parts). parts > 1: block (t, s < parts − 1) writes u over the s-th slice of D, block
+// (t, parts − 1) the post gates and the Sinkhorn in its warp 0. parts = 1: the one block does both,
+// u by its warps after the first. Each block finds the stream RMS itself.
 __global__ void __launch_bounds__(kTokenThreads)
-    hc_pre_kernel(HcArgs a, const float* X, const float* mix, int slices, float* u, float* post, float* comb) {
+    hc_pre_kernel(HcArgs a, const float* X, const float* mix, float* u, float* post, float* comb) {
   await_previous_kernel();
   __shared__ double scratch[32];
-  __shared__ __align__(16) float pre[kPreSlots];
   const int64_t t = blockIdx.x;
-  const int hc = a.hc, e = threadIdx.x;
+  const int hc = a.hc, e = threadIdx.x, parts = int(gridDim.y);
   const float* x = X + t * hc * a.D;
   const float rs = stream_rms_inverse(x, hc * a.D, a.norm_eps, scratch);
   const float* m = mix + t * a.mix_n;  // scaled by rs where used
-  if (int(blockIdx.y) == slices) {
-    if (e >= 32) return;
+  const bool gates_block = int(blockIdx.y) == parts - 1;
+  if (gates_block && e < 32) {
     if (e < hc) post[t * hc + e] = 2.0f * sigmoid_f(m[hc + e] * rs * a.scale1 + a.base[hc + e]);
     const float logit = e < hc * hc ? m[2 * hc + e] * rs * a.scale2 + a.base[2 * hc + e] : 0.0f;
     const float projected = sinkhorn(logit, hc, a.sinkhorn_iters, a.hc_eps);
     if (e < hc * hc) comb[t * hc * hc + e] = projected;
     return;
   }
-  if (e < hc) pre[e] = sigmoid_f(m[e] * rs * a.scale0 + a.base[e]) + a.hc_eps;
-  __syncthreads();
+  if (gates_block && parts > 1) return;
+  double pre[kMaxHc];
+  pre_gates(a, m, rs, pre);
+  const int slices = parts > 1 ? parts - 1 : 1, first = gates_block ? 32 : 0;  // (threads before first: the Sinkhorn)
   const int64_t per = (a.D + slices - 1) / slices, d_begin = blockIdx.y * per;
-  collapse(x, pre, hc, a.D, d_begin, min(a.D, d_begin + per), a.bf16, u + t * a.D);
+  collapse(x, pre, hc, a.D, d_begin, min(a.D, d_begin + per), e - first, int(blockDim.x) - first, a.bf16,
+           u + t * a.D);
 }
 
 __global__ void __launch_bounds__(kTokenThreads) hc_head_kernel(HcArgs a, const float* X, const float* mix, float* y) {
   await_previous_kernel();
   __shared__ double scratch[32];
-  __shared__ __align__(16) float pre[kPreSlots];
   const int64_t t = blockIdx.x;
   const int hc = a.hc;
   const float* x = X + t * hc * a.D;
   const float rs = stream_rms_inverse(x, hc * a.D, a.norm_eps, scratch);
-  if (threadIdx.x < hc) {
-    const int h = threadIdx.x;
-    pre[h] = sigmoid_f(mix[t * hc + h] * rs * a.scale0 + a.base[h]) + a.hc_eps;
-  }
-  __syncthreads();
-  collapse(x, pre, hc, a.D, 0, a.D, a.bf16, y + t * a.D);
+  double pre[kMaxHc];
+  pre_gates(a, mix + t * hc, rs, pre);
+  collapse(x, pre, hc, a.D, 0, a.D, int(threadIdx.x), int(blockDim.x), a.bf16, y + t * a.D);
 }
 
 // X'[t, k, d] = post_k · a[t, d] + Σ_j comb[j, k] · X[t, j, d]: one thread per (t, d), which reads
@@ -162,11 +169,13 @@ void CudaBackend::hc_pre(const model::HcParams& p, const float* X, int64_t T, in
   linear(p.fn, Compute::f32, X, T, mix.get());  // x·fnᵀ first, then the rms scale (§3.2.1)
   const HcArgs a{device_floats(p.base), p.scale[0], p.scale[1], p.scale[2], int(hc), D, mix_n, sinkhorn_iters,
                  float(hc_eps), float(norm_eps), deepseek()};
-  // Slices of D for u while another block runs the Sinkhorn: as many as leave one block per SM
-  // (at decode the op is these few blocks; one block doing it all took 16 µs on an H200).
-  const int slices = int(std::clamp<int64_t>(sm_count_ / T - 1, 1, kMaxPreSlices));
-  launch(hc_pre_kernel, dim3(unsigned(T), unsigned(slices + 1)), kTokenThreads, 0, stream_, a, X, mix.get(), slices,
-         u, post, comb);
+  // At decode, slices of D for u while another block runs the Sinkhorn: as many as leave one block
+  // per SM (the op is these few blocks; one block doing it all took 16 µs on an H200). With a block
+  // per SM or more, one block per token.
+  const bool few = 2 * T <= sm_count_;
+  const int parts = few ? int(std::clamp<int64_t>(sm_count_ / T - 1, 1, kMaxPreSlices)) + 1 : 1;
+  launch(hc_pre_kernel, dim3(unsigned(T), unsigned(parts)), few ? kTokenThreads : kPrefillThreads, 0, stream_, a, X,
+         mix.get(), u, post, comb);
   DSV4_CUDA_LAUNCHED("hc_pre");
 }
 

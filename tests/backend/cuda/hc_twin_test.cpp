@@ -20,7 +20,10 @@ HcWeights random_hc(const std::string& name, int64_t mix, int64_t hc, int64_t D)
 
 TEST(CudaTwin, HcPreAndPost) {
   DSV4_REQUIRE_GPU();
-  for (auto [T, hc, D] : {std::tuple{1, 1, 1}, {1, 4, 256}, {31, 4, 17}, {9, 4, 256}, {3, 2, 100}, {2, 5, 64}}) {
+  // Decode-sized calls (slices of D beside the Sinkhorn's block), then prefill-sized ones (hc_pre:
+  // one block per token once T is above half the SMs).
+  for (auto [T, hc, D] : {std::tuple{1, 1, 1}, {1, 4, 256}, {31, 4, 17}, {9, 4, 256}, {3, 2, 100}, {2, 5, 64},
+                          {100, 4, 300}, {300, 5, 64}}) {
     const std::string name = "hc_pre/post T" + std::to_string(T) + " hc" + std::to_string(hc) + " D" + std::to_string(D);
     const int64_t mix = (2 + hc) * hc;
     const HcWeights w = random_hc(name, mix, hc, D);
