@@ -1,7 +1,7 @@
 // Copies from global to shared memory that pass through no register (cp.async, sm_80 on), in
 // groups a thread commits and then waits for, all but its newest few. Used by the decode GEMV's
 // weight ring (gemm.cu), the integer tensor-core GEMM's plane staging (gemm_dmma.cu), and
-// deepseek-tc's attention rows (attention_tc.cu) and experts' operands (gemm_experts_tc.cu).
+// deepseek-tc's attention rows (attention_tc.cu, bf16 rows) and experts' operands (gemm_experts_tc.cu).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -15,15 +15,6 @@ namespace dsv4::cuda {
 __device__ __forceinline__ void copy_async_16(void* dst, const void* src, bool valid) {
   const uint32_t to = shared_address(dst);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(to), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-
-// 4 or 8 bytes (kBytes) from src (global) to dst (shared), both aligned to it: rows whose stride is
-// no multiple of 16 bytes (the compact attention rows, 584 B in V4).
-template <int kBytes>
-__device__ __forceinline__ void copy_async_small(void* dst, const void* src) {
-  static_assert(kBytes == 4 || kBytes == 8, "cp.async.ca copies 4, 8 or 16 bytes");
-  const uint32_t to = shared_address(dst);
-  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(to), "l"(src), "n"(kBytes) : "memory");
 }
 
 // Closes the thread's copies issued since the last commit into one group.

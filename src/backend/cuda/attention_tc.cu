@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t t = blockIdx.x, h0 = int64_t(blockIdx.y) * kHeads;
   const int hd = int(a.hd);
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, i = lane % 4;
-  const int head_row = warp / 2, col = warp % 2;  // heads 16·head_row …; logits rows 16·col …, value dims 256·col …
+  const int head_row = warp / 2, col = warp % 2;  // heads 16·head_row …; rows kColRows·col …, dims 256·col …
   const QueryRows rows(a, t);
   const int n_tiles = int((rows.n + kTileRows - 1) / kTileRows);
 
