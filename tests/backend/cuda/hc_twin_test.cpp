@@ -18,36 +18,50 @@ HcWeights random_hc(const std::string& name, int64_t mix, int64_t hc, int64_t D)
   return w;
 }
 
+// hc_pre, then hc_post out of place and in place, on random operands of T tokens.
+static void expect_hc_pre_post(int64_t T, int64_t hc, int64_t D) {
+  const std::string name = "hc_pre/post T" + std::to_string(T) + " hc" + std::to_string(hc) + " D" + std::to_string(D);
+  const int64_t mix = (2 + hc) * hc;
+  const HcWeights w = random_hc(name, mix, hc, D);
+  const std::vector<float> X = random_bf16(name + ".X", size_t(T * hc * D));
+  const std::vector<float> a = random_bf16(name + ".a", size_t(T * D));
+  expect_twins_both(name, [&](Side& s) {
+    float* u = s.out(size_t(T * D));
+    float* post = s.out(size_t(T * hc));
+    float* comb = s.out(size_t(T * hc * hc));
+    const float* Xd = s.in(X);
+    s->hc_pre(w.p, Xd, T, hc, D, 20, 1e-6, 1e-6, u, post, comb);
+    float* X_out = s.out(size_t(T * hc * D));
+    s->hc_post(s.in(a), Xd, post, comb, T, hc, D, X_out);
+    float* X_in_place = s.in(X);  // as the engine calls it
+    s->hc_post(s.in(a), X_in_place, post, comb, T, hc, D, X_in_place);
+    Outputs o;
+    o.add("u", s.read(u, size_t(T * D)));
+    o.add("post", s.read(post, size_t(T * hc)));
+    o.add("comb", s.read(comb, size_t(T * hc * hc)));
+    o.add("X_out", s.read(X_out, size_t(T * hc * D)));
+    o.add("X in place", s.read(X_in_place, size_t(T * hc * D)));
+    return o;
+  });
+}
+
 TEST(CudaTwin, HcPreAndPost) {
   DSV4_REQUIRE_GPU();
   // Decode-sized calls (slices of D beside the Sinkhorn's block), then prefill-sized ones (hc_pre:
   // one block per token once T is above half the SMs).
   for (auto [T, hc, D] : {std::tuple{1, 1, 1}, {1, 4, 256}, {31, 4, 17}, {9, 4, 256}, {3, 2, 100}, {2, 5, 64},
-                          {100, 4, 300}, {300, 5, 64}}) {
-    const std::string name = "hc_pre/post T" + std::to_string(T) + " hc" + std::to_string(hc) + " D" + std::to_string(D);
-    const int64_t mix = (2 + hc) * hc;
-    const HcWeights w = random_hc(name, mix, hc, D);
-    const std::vector<float> X = random_bf16(name + ".X", size_t(T * hc * D));
-    const std::vector<float> a = random_bf16(name + ".a", size_t(T * D));
-    expect_twins_both(name, [&](Side& s) {
-      float* u = s.out(size_t(T * D));
-      float* post = s.out(size_t(T * hc));
-      float* comb = s.out(size_t(T * hc * hc));
-      const float* Xd = s.in(X);
-      s->hc_pre(w.p, Xd, T, hc, D, 20, 1e-6, 1e-6, u, post, comb);
-      float* X_out = s.out(size_t(T * hc * D));
-      s->hc_post(s.in(a), Xd, post, comb, T, hc, D, X_out);
-      float* X_in_place = s.in(X);  // as the engine calls it
-      s->hc_post(s.in(a), X_in_place, post, comb, T, hc, D, X_in_place);
-      Outputs o;
-      o.add("u", s.read(u, size_t(T * D)));
-      o.add("post", s.read(post, size_t(T * hc)));
-      o.add("comb", s.read(comb, size_t(T * hc * hc)));
-      o.add("X_out", s.read(X_out, size_t(T * hc * D)));
-      o.add("X in place", s.read(X_in_place, size_t(T * hc * D)));
-      return o;
-    });
-  }
+                          {100, 4, 300}, {300, 5, 64}})
+    expect_hc_pre_post(T, hc, D);
+}
+
+// A known failure, kept runnable (--gtest_also_run_disabled_tests) until it is understood: on an
+// H200 in deepseek numerics, X_out (hc_post of the buffer hc_pre read) differs from the CPU's in
+// about a quarter of its elements, by up to 13.5 and by a different count in every run, while the
+// in-place call on a fresh copy of X, u, post, comb and plain numerics are bit-exact
+// (bench/cuda_decode.md, twenty-fourth session).
+TEST(CudaTwin, DISABLED_HcPreAndPostAtT200) {
+  DSV4_REQUIRE_GPU();
+  expect_hc_pre_post(200, 4, 1100);
 }
 
 TEST(CudaTwin, HcHead) {

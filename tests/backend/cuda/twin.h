@@ -265,17 +265,22 @@ inline void expect_twins(const std::string& what, Numerics numerics, const Case&
     const auto& [name, r] = ref.floats[o];
     const std::vector<float>& g = got.floats[o].second;
     ASSERT_EQ(r.size(), g.size()) << label << " " << name;
-    int64_t differ = 0;
+    int64_t differ = 0, first = -1, last = -1;
     double max_abs = 0.0;
     for (size_t i = 0; i < r.size(); ++i) {
       if (same_bits(r[i], g[i])) continue;
       ++differ;
+      if (first < 0) first = int64_t(i);
+      last = int64_t(i);
       const double d = std::abs(double(r[i]) - double(g[i]));
       max_abs = std::isnan(d) ? INFINITY : std::max(max_abs, d);
     }
     std::printf("[ twin     ] %-52s %-8s n=%-8zu %s", label.c_str(), name.c_str(), r.size(),
                 differ == 0 ? "bit-exact\n" : "");
-    if (differ) std::printf("differ=%lld max|d|=%.3g\n", (long long)differ, max_abs);
+    // Where they differ, for finding which part of an output is wrong: the first and last element.
+    if (differ)
+      std::printf("differ=%lld max|d|=%.3g first [%lld] %.9g vs %.9g, last [%lld]\n", (long long)differ, max_abs,
+                  (long long)first, double(r[size_t(first)]), double(g[size_t(first)]), (long long)last);
     if (tolerance > 0)
       EXPECT_LE(max_abs, tolerance) << label << " " << name << ": " << differ << " elements differ";
     else
