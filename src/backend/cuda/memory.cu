@@ -55,7 +55,8 @@ CudaBackend::CudaBackend(Numerics numerics) : Backend(numerics) {
   DSV4_CUDA_CHECK(cudaGetDevice(&device));
   DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
   DSV4_CUDA_CHECK(cudaMalloc(&part_arrivals_, 2 * size_t(sm_count_) * sizeof(unsigned)));
-  DSV4_CUDA_CHECK(cudaMemset(part_arrivals_, 0, 2 * size_t(sm_count_) * sizeof(unsigned)));
+  // On the backend's stream: the legacy stream's cudaMemset is not ordered before a non-blocking stream's kernels.
+  DSV4_CUDA_CHECK(cudaMemsetAsync(part_arrivals_, 0, 2 * size_t(sm_count_) * sizeof(unsigned), stream_));
   DSV4_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
   DSV4_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all));
   DSV4_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pack_inexact_), sizeof(int), cudaHostAllocMapped));

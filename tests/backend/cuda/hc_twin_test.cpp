@@ -48,20 +48,11 @@ static void expect_hc_pre_post(int64_t T, int64_t hc, int64_t D) {
 TEST(CudaTwin, HcPreAndPost) {
   DSV4_REQUIRE_GPU();
   // Decode-sized calls (slices of D beside the Sinkhorn's block), then prefill-sized ones (hc_pre:
-  // one block per token once T is above half the SMs).
+  // one block per token once T is above half the SMs). The last one's inputs are large enough
+  // (880 KB for a) that an upload outside the backend's stream was still landing when hc_post ran.
   for (auto [T, hc, D] : {std::tuple{1, 1, 1}, {1, 4, 256}, {31, 4, 17}, {9, 4, 256}, {3, 2, 100}, {2, 5, 64},
-                          {100, 4, 300}, {300, 5, 64}})
+                          {100, 4, 300}, {300, 5, 64}, {200, 4, 1100}})
     expect_hc_pre_post(T, hc, D);
-}
-
-// A known failure, kept runnable (--gtest_also_run_disabled_tests) until it is understood: on an
-// H200 in deepseek numerics, X_out (hc_post of the buffer hc_pre read) differs from the CPU's in
-// about a quarter of its elements, by up to 13.5 and by a different count in every run, while the
-// in-place call on a fresh copy of X, u, post, comb and plain numerics are bit-exact
-// (bench/cuda_decode.md, twenty-fourth session).
-TEST(CudaTwin, DISABLED_HcPreAndPostAtT200) {
-  DSV4_REQUIRE_GPU();
-  expect_hc_pre_post(200, 4, 1100);
 }
 
 TEST(CudaTwin, HcHead) {
