@@ -63,8 +63,9 @@ struct QueryRows {
   }
 };
 
-// Whether deepseek-tc's tensor-core attention (attention_tc.cu) takes these operands: head dims a
-// multiple of 16 up to 512, compressed rows (if any) in the compact layout.
+// Whether deepseek-tc's tensor-core attention (attention_tc.cu) takes these operands: on a device
+// with wgmma (sm_90a), head dims a multiple of 16 up to 512, compressed rows (if any) in the
+// compact layout.
 bool fits_tensor_core_attention(const AttnArgs& a);
 
 }  // namespace dsv4::cuda

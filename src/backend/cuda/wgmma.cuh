@@ -1,7 +1,8 @@
 // Hopper's asynchronous tensor-core products (wgmma) and the shared-memory barriers (mbarrier) and
-// bulk copies that feed them: what deepseek-tc's experts (gemm_experts_tc.cu) and indexer
-// (indexer_fp4.cu) kernels share. wgmma exists on sm_90a alone: DSV4_WGMMA is defined where it
-// does, and elsewhere (the sm_80 PTX) those kernels are empty and never chosen (device_has_wgmma).
+// bulk copies that feed them: what deepseek-tc's experts (gemm_experts_tc.cu), indexer
+// (indexer_fp4.cu) and attention (attention_tc.cu) kernels share. wgmma exists on sm_90a alone:
+// DSV4_WGMMA is defined where it does, and elsewhere (the sm_80 PTX) those kernels are empty and
+// never chosen (device_has_wgmma).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -38,6 +39,17 @@ __device__ __forceinline__ int swizzled(int r, int c) { return r * 128 + 16 * (c
 __device__ __forceinline__ uint64_t tile_descriptor(const void* tile) {
   const uint32_t at = shared_address(tile);
   return uint64_t((at & 0x3FFFF) >> 4) | uint64_t(1) << 16 | uint64_t(1024 >> 4) << 32 | uint64_t(1) << 62;
+}
+
+// An N-major B operand (wgmma's transposed B, 16-bit values) under the 128-byte swizzle: a K row's
+// first 64 values of N in one 128-byte row, K rows 128 bytes apart in 8-row groups 1024 bytes
+// apart, and the next 64 values of N `n_block_bytes` on. The same bytes as a K-major tile of
+// 128-byte rows, read the other way (attention_tc.cu: a row's dims are K of the logits, N of the
+// values). Adding 128 moves it one K row on.
+__device__ __forceinline__ uint64_t n_major_descriptor(const void* tile, uint32_t n_block_bytes) {
+  const uint32_t at = shared_address(tile);
+  return uint64_t((at & 0x3FFFF) >> 4) | uint64_t(n_block_bytes >> 4) << 16 | uint64_t(1024 >> 4) << 32 |
+         uint64_t(1) << 62;
 }
 
 // The products' register hand-over: before a wgmma, every earlier access of its accumulators is
