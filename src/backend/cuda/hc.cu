@@ -12,7 +12,7 @@
 // 50 µs per token on an H200). In prefill one block of 256 threads per token does everything, so
 // its state is read once, and the many blocks per SM hide the Sinkhorn's latency (two blocks per
 // token, the Sinkhorn's holding 1024 threads: 1.17 ms per call at 8 192 tokens).
-// hc_post is one thread per (token, d), all hc streams (in place: the engine passes X_out = X).
+// hc_post: a thread per 4 d of a token, all hc streams (in place: the engine passes X_out = X).
 #include <algorithm>
 
 #include "backend/cuda/cuda_backend.h"
@@ -137,20 +137,56 @@ __global__ void __launch_bounds__(kTokenThreads) hc_head_kernel(HcArgs a, const 
   collapse(x, pre, hc, a.D, 0, a.D, int(threadIdx.x), int(blockDim.x), a.bf16, y + t * a.D);
 }
 
-// X'[t, k, d] = post_k · a[t, d] + Σ_j comb[j, k] · X[t, j, d]: one thread per (t, d), which reads
-// its hc inputs before writing its hc outputs (so X_out may be X).
-__global__ void hc_post_kernel(const float* a, const float* X, const float* post, const float* comb, int64_t T,
-                               int hc, int64_t D, bool bf16, float* X_out) {
+// X'[t, k, d] = post_k · a[t, d] + Σ_j comb[j, k] · X[t, j, d]. Grid (T, groups of D): a thread
+// takes 4 consecutive d of token t (float4 loads where D allows) and reads all their inputs before
+// writing their outputs (so X_out may be X). (One thread per (t, d), each fetching the token's 20
+// gates and splitting its flat index in int64: 789 µs per call at 8 192 tokens on an H200, 1.5 TB/s.)
+constexpr int kPostDims = 4, kPostThreads = 256;
+__global__ void __launch_bounds__(kPostThreads) hc_post_kernel(const float* a, const float* X, const float* post,
+                                                                const float* comb, int hc, int64_t D, bool bf16,
+                                                                float* X_out) {
   await_previous_kernel();
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < T * D; e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t d = e % D, t = e / D;
-    const float* M = comb + t * hc * hc;
-    float in[kMaxHc];
-    for (int j = 0; j < hc; ++j) in[j] = X[(t * hc + j) * D + d];
-    for (int k = 0; k < hc; ++k) {
-      double acc = double(post[t * hc + k]) * double(a[t * D + d]);
-      for (int j = 0; j < hc; ++j) acc += double(M[j * hc + k]) * double(in[j]);
-      X_out[(t * hc + k) * D + d] = round_if(bf16, float(acc));
+  const int64_t t = blockIdx.x, d0 = (int64_t(blockIdx.y) * kPostThreads + threadIdx.x) * kPostDims;
+  if (d0 >= D) return;
+  const bool whole = D % kPostDims == 0;  // then every group is whole and 16-byte aligned
+  auto load = [&](const float* row, float (&v)[kPostDims]) {
+    if (whole) {
+      const float4 q = *reinterpret_cast<const float4*>(row + d0);
+      v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+    } else {
+#pragma unroll
+      for (int u = 0; u < kPostDims; ++u) v[u] = d0 + u < D ? row[d0 + u] : 0.0f;
+    }
+  };
+  float in[kMaxHc][kPostDims], act[kPostDims];
+#pragma unroll
+  for (int j = 0; j < kMaxHc; ++j)
+    if (j < hc) load(X + (t * hc + j) * D, in[j]);
+  load(a + t * D, act);
+  const float* M = comb + t * hc * hc;
+#pragma unroll
+  for (int k = 0; k < kMaxHc; ++k) {
+    if (k >= hc) break;
+    double w[kMaxHc];
+#pragma unroll
+    for (int j = 0; j < kMaxHc; ++j) w[j] = j < hc ? double(M[j * hc + k]) : 0.0;
+    const double p = double(post[t * hc + k]);
+    float out[kPostDims];
+#pragma unroll
+    for (int u = 0; u < kPostDims; ++u) {
+      double acc = p * double(act[u]);
+#pragma unroll
+      for (int j = 0; j < kMaxHc; ++j)
+        if (j < hc) acc += w[j] * double(in[j][u]);
+      out[u] = round_if(bf16, float(acc));
+    }
+    float* row = X_out + (t * hc + k) * D;
+    if (whole) {
+      *reinterpret_cast<float4*>(row + d0) = make_float4(out[0], out[1], out[2], out[3]);
+    } else {
+#pragma unroll
+      for (int u = 0; u < kPostDims; ++u)
+        if (d0 + u < D) row[d0 + u] = out[u];
     }
   }
 }
@@ -184,7 +220,8 @@ void CudaBackend::hc_post(const float* a, const float* X, const float* post, con
   Timed timed(*this, "hc_post");
   if (T * D == 0) return;
   DSV4_CUDA_REQUIRE(hc <= kMaxHc, "hc_post: hc ", hc, " above ", kMaxHc);
-  launch(hc_post_kernel, grid_for(T * D, 256), 256, 0, stream_, a, X, post, comb, T, int(hc), D, deepseek(), X_out);
+  const dim3 grid(unsigned(T), unsigned((D + kPostDims * kPostThreads - 1) / (kPostDims * kPostThreads)));
+  launch(hc_post_kernel, grid, kPostThreads, 0, stream_, a, X, post, comb, int(hc), D, deepseek(), X_out);
   DSV4_CUDA_LAUNCHED("hc_post");
 }
 
