@@ -114,21 +114,15 @@ struct StoredKeys {
   }
 };
 
-// The bits in which some of `keys` differ (n ≥ 1). A digit with none of them set is the same in
-// every key, so a radix pass over it would learn nothing: bf16 scores (deepseek numerics) leave
-// the low 16 bits of the score zero, and row indices below 2^24 the top byte of the inverted row.
-template <class Keys>
-__device__ uint64_t varying_bits(const Keys& keys) {
-  __shared__ unsigned long long varying_s;
-  if (threadIdx.x == 0) varying_s = 0;
+// The OR of every thread's v over the block (all threads call it).
+__device__ inline uint64_t block_or(uint64_t v) {
+  __shared__ unsigned long long or_s;
+  if (threadIdx.x == 0) or_s = 0;
   __syncthreads();
-  const uint64_t first = keys.first();
-  uint64_t v = 0;
-  keys.for_each([&](uint64_t key) { v |= key ^ first; });
   for (int offset = 16; offset > 0; offset /= 2) v |= __shfl_xor_sync(kFullMask, v, offset);
-  if (threadIdx.x % 32 == 0 && v) atomicOr(&varying_s, static_cast<unsigned long long>(v));
+  if (threadIdx.x % 32 == 0 && v) atomicOr(&or_s, static_cast<unsigned long long>(v));
   __syncthreads();
-  return varying_s;
+  return or_s;
 }
 
 // The digit holding the `remaining`-th largest key of a histogram over digits, and how many keys
@@ -159,24 +153,32 @@ __device__ inline void find_digit(const uint32_t* hist, int64_t remaining, int& 
 }
 
 // Gathers into `sel` (shared memory, kMaxTopK keys), unordered, the min(k, n_real) largest of
-// `keys`, and returns how many. n_real counts the real keys; the others are 0, below every real
-// key, and never gathered. Radix select: the k-th largest key, one 8-bit digit at a time from the
-// top. Once the keys sharing the prefix fit in `sel`, they are gathered there and the later digits
-// read only them; once they are exactly the ones still wanted, the prefix is the threshold.
+// `keys`, and returns how many; its callers run kSelectThreads threads. n_real counts the real
+// keys; the others are 0, below every real key, and never gathered. Radix select: the k-th largest
+// key, one 8-bit digit at a time from the top. The first digit's pass also finds the bits in which
+// the keys differ: a digit that none of them sets is the same in every key, so a pass over it would
+// learn nothing (bf16 scores, deepseek numerics, leave the low 16 bits of the score zero, and row
+// indices below 2^24 the top byte of the inverted row). Once the keys sharing the prefix fit in
+// `sel` beside those above it, both are gathered there (the ones above from its end), and the
+// later digits and the final gather read only them; once the keys with the prefix are exactly the
+// ones still wanted, the prefix is the threshold. (A query's scores do not stay in L2 between
+// passes: a separate pass for the varying bits and a final one over all the keys made five.)
 template <class Keys>
 __device__ int gather_top(const Keys& keys, int64_t n_real, int64_t k, uint64_t* sel) {
   __shared__ uint32_t hist[256];
   __shared__ uint64_t prefix_s;
   __shared__ int64_t remaining_s, bucket_s;
-  __shared__ int n_cand_s, n_sel_s;
+  __shared__ int n_cand_s, n_above_s, n_sel_s;
   uint64_t threshold = 1;
+  int64_t n_cand = -1, n_above = 0;  // n_cand ≥ 0: the candidates are sel[0, n_cand), the keys above them
+                                     // sel[kMaxTopK − n_above, kMaxTopK)
   if (n_real > k) {
-    uint64_t prefix = 0, mask = 0;
-    int64_t remaining = k, n_cand = -1;  // n_cand ≥ 0: the candidates are sel[0, n_cand)
-    const uint64_t varying = varying_bits(keys), shared_digits = keys.first() & ~varying;
+    uint64_t prefix = 0, mask = 0, varying = 0;
+    int64_t remaining = k;
+    const uint64_t first = keys.first();
     for (int shift = 56; shift >= 0; shift -= 8) {
-      if (((varying >> shift) & 0xff) == 0) {  // every key has this digit: the keys in play keep it
-        prefix |= shared_digits & (uint64_t(0xff) << shift);
+      if (shift < 56 && ((varying >> shift) & 0xff) == 0) {  // every key has this digit: the keys in play keep it
+        prefix |= first & (uint64_t(0xff) << shift);
         mask |= uint64_t(0xff) << shift;
         continue;
       }
@@ -184,15 +186,18 @@ __device__ int gather_top(const Keys& keys, int64_t n_real, int64_t k, uint64_t*
       __syncthreads();
       // Most scores share their top digits: one atomic per group of lanes with equal digits (a
       // shared-memory atomic per lane on one address serialises the whole warp).
+      uint64_t differs = 0;
       auto count = [&](uint64_t key) {
         const unsigned digit = (key & mask) == prefix ? unsigned(key >> shift) & 0xff : 0x100;
         const unsigned peers = __match_any_sync(__activemask(), digit);
         if (digit < 0x100 && __ffs(peers) - 1 == int(threadIdx.x % 32)) atomicAdd(&hist[digit], unsigned(__popc(peers)));
+        differs |= key ^ first;
       };
       if (n_cand >= 0)
         StoredKeys{sel, n_cand}.for_each(count);
       else
         keys.for_each(count);
+      if (shift == 56) varying = block_or(differs);  // (its barriers also end the counting)
       __syncthreads();
       if (threadIdx.x < 32) {
         int digit;
@@ -209,14 +214,19 @@ __device__ int gather_top(const Keys& keys, int64_t n_real, int64_t k, uint64_t*
       remaining = remaining_s;
       mask |= uint64_t(0xff) << shift;
       if (bucket_s == remaining) break;  // every key with this prefix is taken
-      if (n_cand < 0 && bucket_s <= kMaxTopK) {
-        if (threadIdx.x == 0) n_cand_s = 0;
+      if (n_cand < 0 && bucket_s + (k - remaining) <= kMaxTopK) {  // (k − remaining keys lie above the prefix)
+        if (threadIdx.x == 0) n_cand_s = n_above_s = 0;
         __syncthreads();
         keys.for_each([&](uint64_t key) {
-          if ((key & mask) == prefix) sel[atomicAdd(&n_cand_s, 1)] = key;
+          const uint64_t top = key & mask;
+          if (top == prefix)
+            sel[atomicAdd(&n_cand_s, 1)] = key;
+          else if (top > prefix)
+            sel[kMaxTopK - 1 - atomicAdd(&n_above_s, 1)] = key;
         });
         __syncthreads();
         n_cand = n_cand_s;
+        n_above = n_above_s;
       }
     }
     threshold = prefix;  // ≥ 1: the k-th largest key is real, and so is every key with its prefix
@@ -224,9 +234,20 @@ __device__ int gather_top(const Keys& keys, int64_t n_real, int64_t k, uint64_t*
   // Exactly min(k, n_real) keys reach the threshold: real keys are unique.
   if (threadIdx.x == 0) n_sel_s = 0;
   __syncthreads();
-  keys.for_each([&](uint64_t key) {
-    if (key >= threshold) sel[atomicAdd(&n_sel_s, 1)] = key;
-  });
+  if (n_cand < 0) {
+    keys.for_each([&](uint64_t key) {
+      if (key >= threshold) sel[atomicAdd(&n_sel_s, 1)] = key;
+    });
+  } else {  // the listed keys to the front of sel, through registers (they may move onto each other)
+    constexpr int kPerThread = kMaxTopK / kSelectThreads + 1;  // ⌈n_cand / threads⌉ + ⌈n_above / threads⌉
+    uint64_t mine[kPerThread];
+    int n_mine = 0;
+    for (int64_t i = threadIdx.x; i < n_cand; i += blockDim.x)
+      if (sel[i] >= threshold) mine[n_mine++] = sel[i];
+    for (int64_t i = threadIdx.x; i < n_above; i += blockDim.x) mine[n_mine++] = sel[kMaxTopK - 1 - i];
+    __syncthreads();
+    for (int j = 0; j < n_mine; ++j) sel[atomicAdd(&n_sel_s, 1)] = mine[j];
+  }
   __syncthreads();
   return n_sel_s;
 }

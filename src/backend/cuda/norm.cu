@@ -3,7 +3,7 @@
 //
 // Parallelisation: one block per row, with a thread per 8 elements of the row (64 to 1024), so
 // each thread has its 8 loads in flight together (for_each_element); the sum of squares is a
-// block-wide double reduction. (256 threads each waiting on one load at a time took 11 µs for one
+// block-wide double reduction. The per-head norm's rows are short: a warp each. (256 threads each waiting on one load at a time took 11 µs for one
 // 4 096-wide row on an H200.) scale/add: one thread per element.
 #include <algorithm>
 
@@ -43,17 +43,25 @@ __global__ void rms_norm_kernel(const float* x, const float* w, int64_t n, float
 }
 
 // The weightless per-head norm in bf16 arithmetic (deepseek): q², the mean, mean + eps, the rsqrt
-// and the product are each rounded (§5).
-__global__ void head_norm_kernel(float* q, int64_t n, float eps, bool bf16) {
+// and the product are each rounded (§5). A warp per row (a head of 512 dims: 16 elements a lane,
+// the sum a warp reduction): with a block of 64 threads per row, its barriers and the 524 288 rows of
+// an 8 192-token chunk took 791 µs on an H200 (340 GB/s).
+constexpr int kHeadRowsPerBlock = 8;
+__global__ void __launch_bounds__(32 * kHeadRowsPerBlock) head_norm_kernel(float* q, int64_t rows, int64_t n, float eps,
+                                                                             bool bf16) {
   await_previous_kernel();
-  __shared__ double scratch[32];
-  float* qr = q + blockIdx.x * n;
+  const int64_t row = int64_t(blockIdx.x) * kHeadRowsPerBlock + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int lane = threadIdx.x % 32;
+  float* qr = q + row * n;
   double sum = 0.0;
-  for_each_element(qr, n, [&](float v, int64_t) { sum += double(round_if(bf16, v * v)); });
-  sum = block_sum(sum, scratch);
+#pragma unroll 8
+  for (int64_t i = lane; i < n; i += 32) sum += double(round_if(bf16, qr[i] * qr[i]));
+  sum = warp_sum(sum);
   const float mean = round_if(bf16, float(sum / double(n)));
   const float inv = round_if(bf16, rsqrt_f(round_if(bf16, mean + eps)));
-  for_each_element(qr, n, [&](float v, int64_t i) { qr[i] = round_if(bf16, v * inv); });
+#pragma unroll 8
+  for (int64_t i = lane; i < n; i += 32) qr[i] = round_if(bf16, qr[i] * inv);
 }
 
 __global__ void scale_kernel(float* x, int64_t n, float s, bool bf16) {
@@ -84,7 +92,8 @@ void CudaBackend::head_norm(float* q, int64_t rows, int64_t n, double eps) {
   Timed timed(*this, "head_norm");
   if (rows == 0) return;
   DSV4_CUDA_REQUIRE(rows < (int64_t(1) << 31), "head_norm: ", rows, " rows");
-  launch(head_norm_kernel, unsigned(rows), row_threads(n), 0, stream_, q, n, float(eps), deepseek());
+  launch(head_norm_kernel, unsigned((rows + kHeadRowsPerBlock - 1) / kHeadRowsPerBlock), 32 * kHeadRowsPerBlock, 0,
+         stream_, q, rows, n, float(eps), deepseek());
   DSV4_CUDA_LAUNCHED("head_norm");
 }
 

@@ -169,7 +169,11 @@ TEST(CudaTwin, IndexerSelect) {
       {2, 4, 64, 1048574, 512, true},         // 262 143 and 262 144 keys with ties
       {1, 4, 64, 40000, 512, false, false, true},  // 10 000 equal keys: the bin overflows its list
       {2, 4, 64, 40000, 64, false, true, true},    // the same, compact
-      {128, 2, 32, 39872, 512},               // 10 000 keys, enough queries to keep one block each
+      // Enough queries to keep one block each (the radix select over each query's scores).
+      {128, 2, 32, 39872, 512},               // 10 000 keys
+      {128, 4, 64, 40000, 512, true},         // 10 000 keys with ties
+      {128, 2, 32, 80000, 512, false, false, true},  // 20 000 equal keys
+      {128, 2, 32, 262200, 64, false, false, true},  // 65 550 equal keys (more than 16-bit counts hold)
       {1, 2, 32, 79999, 2048},                // 20 000 keys, k too large for the threshold path: one block
   };
   for (const IndexerCase& c : cases) {
