@@ -3,8 +3,9 @@
 //
 // Parallelisation: one block per row, with a thread per 8 elements of the row (64 to 1024), so
 // each thread has its 8 loads in flight together (for_each_element); the sum of squares is a
-// block-wide double reduction. The per-head norm's rows are short: a warp each. (256 threads each waiting on one load at a time took 11 µs for one
-// 4 096-wide row on an H200.) scale/add: one thread per element.
+// block-wide double reduction. (256 threads each waiting on one load at a time took 11 µs for one
+// 4 096-wide row on an H200.) The per-head norm's rows are short: a warp each. scale/add: one
+// thread per element.
 #include <algorithm>
 
 #include "backend/cuda/cuda_backend.h"

@@ -34,22 +34,22 @@ inline bool device_has_wgmma() {
 __device__ __forceinline__ int swizzled(int r, int c) { return r * 128 + 16 * (c ^ (r & 7)); }
 
 #ifdef DSV4_WGMMA
-// A K-major operand tile of 128-byte rows under the 128-byte swizzle (from a 1024-byte boundary):
-// 8-row groups 1024 bytes apart. Adding 2 moves it 32 bytes on along K.
-__device__ __forceinline__ uint64_t tile_descriptor(const void* tile) {
+// A shared-memory operand under the 128-byte swizzle (from a 1024-byte boundary), its 8-row groups
+// 1024 bytes apart; lbo is the leading byte offset (unused by K-major operands: 16).
+__device__ __forceinline__ uint64_t swizzled_descriptor(const void* tile, uint32_t lbo) {
   const uint32_t at = shared_address(tile);
-  return uint64_t((at & 0x3FFFF) >> 4) | uint64_t(1) << 16 | uint64_t(1024 >> 4) << 32 | uint64_t(1) << 62;
+  return uint64_t((at & 0x3FFFF) >> 4) | uint64_t(lbo >> 4) << 16 | uint64_t(1024 >> 4) << 32 | uint64_t(1) << 62;
 }
 
-// An N-major B operand (wgmma's transposed B, 16-bit values) under the 128-byte swizzle: a K row's
-// first 64 values of N in one 128-byte row, K rows 128 bytes apart in 8-row groups 1024 bytes
-// apart, and the next 64 values of N `n_block_bytes` on. The same bytes as a K-major tile of
-// 128-byte rows, read the other way (attention_tc.cu: a row's dims are K of the logits, N of the
-// values). Adding 128 moves it one K row on.
+// A K-major operand tile of 128-byte rows. Adding 2 moves it 32 bytes on along K.
+__device__ __forceinline__ uint64_t tile_descriptor(const void* tile) { return swizzled_descriptor(tile, 16); }
+
+// An N-major B operand (wgmma's transposed B, 16-bit values): a K row's first 64 values of N in
+// one 128-byte row, K rows 128 bytes apart, and the next 64 values of N `n_block_bytes` on. The
+// same bytes as a K-major tile of 128-byte rows, read the other way (attention_tc.cu: a row's dims
+// are K of the logits, N of the values). Adding 128 moves it 16 K rows (one k16 step) on.
 __device__ __forceinline__ uint64_t n_major_descriptor(const void* tile, uint32_t n_block_bytes) {
-  const uint32_t at = shared_address(tile);
-  return uint64_t((at & 0x3FFFF) >> 4) | uint64_t(n_block_bytes >> 4) << 16 | uint64_t(1024 >> 4) << 32 |
-         uint64_t(1) << 62;
+  return swizzled_descriptor(tile, n_block_bytes);
 }
 
 // The products' register hand-over: before a wgmma, every earlier access of its accumulators is
