@@ -29,6 +29,28 @@ __device__ inline float softplus_f(float x) { return x > 20.0f ? x : float(log1p
 // Rounds to bf16 where the reference does (deepseek numerics); identity in plain.
 __device__ inline float round_if(bool bf16, float x) { return bf16 ? round_bf16(x) : x; }
 
+// Elements d0 … d0 + 3 of a row of D floats: one 16-byte access when `whole` (D a multiple of 4 and
+// the row 16-byte aligned), else one by one, zeros past D when loading (row-parallel kernels: a
+// thread per 4 consecutive elements).
+__device__ inline void load4(const float* row, int64_t d0, int64_t D, bool whole, float (&v)[4]) {
+  if (whole) {
+    const float4 q = *reinterpret_cast<const float4*>(row + d0);
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+  } else {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) v[u] = d0 + u < D ? row[d0 + u] : 0.0f;
+  }
+}
+__device__ inline void store4(float* row, int64_t d0, int64_t D, bool whole, const float (&v)[4]) {
+  if (whole) {
+    *reinterpret_cast<float4*>(row + d0) = make_float4(v[0], v[1], v[2], v[3]);
+  } else {
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      if (d0 + u < D) row[d0 + u] = v[u];
+  }
+}
+
 // ---- warp and block reductions (every lane / thread gets the result) -------------------------
 
 __device__ inline double warp_sum(double v) {

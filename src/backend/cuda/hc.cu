@@ -149,20 +149,11 @@ __global__ void __launch_bounds__(kPostThreads) hc_post_kernel(const float* a, c
   const int64_t t = blockIdx.x, d0 = (int64_t(blockIdx.y) * kPostThreads + threadIdx.x) * kPostDims;
   if (d0 >= D) return;
   const bool whole = D % kPostDims == 0;  // then every group is whole and 16-byte aligned
-  auto load = [&](const float* row, float (&v)[kPostDims]) {
-    if (whole) {
-      const float4 q = *reinterpret_cast<const float4*>(row + d0);
-      v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
-    } else {
-#pragma unroll
-      for (int u = 0; u < kPostDims; ++u) v[u] = d0 + u < D ? row[d0 + u] : 0.0f;
-    }
-  };
   float in[kMaxHc][kPostDims], act[kPostDims];
 #pragma unroll
   for (int j = 0; j < kMaxHc; ++j)
-    if (j < hc) load(X + (t * hc + j) * D, in[j]);
-  load(a + t * D, act);
+    if (j < hc) load4(X + (t * hc + j) * D, d0, D, whole, in[j]);
+  load4(a + t * D, d0, D, whole, act);
   const float* M = comb + t * hc * hc;
 #pragma unroll
   for (int k = 0; k < kMaxHc; ++k) {
@@ -180,14 +171,7 @@ __global__ void __launch_bounds__(kPostThreads) hc_post_kernel(const float* a, c
         if (j < hc) acc += w[j] * double(in[j][u]);
       out[u] = round_if(bf16, float(acc));
     }
-    float* row = X_out + (t * hc + k) * D;
-    if (whole) {
-      *reinterpret_cast<float4*>(row + d0) = make_float4(out[0], out[1], out[2], out[3]);
-    } else {
-#pragma unroll
-      for (int u = 0; u < kPostDims; ++u)
-        if (d0 + u < D) row[d0 + u] = out[u];
-    }
+    store4(X_out + (t * hc + k) * D, d0, D, whole, out);
   }
 }
 

@@ -97,24 +97,44 @@ __global__ void swiglu_kernel(float* g, const float* u, int64_t rows, int64_t F,
 }
 
 // out[t, d] = Σ_{slots by ascending expert id} expert_out[t, slot, d] (+ shared[t, d]), in double.
-__global__ void moe_combine_kernel(const float* expert_out, const float* shared, const int32_t* sel, int64_t T,
-                                   int64_t k, int64_t D, bool bf16, float* out) {
+// Grid (T, groups of D): thread 0 orders the token's slots once, then a thread takes 4 consecutive
+// d (float4 where D allows). (One thread per (t, d), each sorting the slots and splitting its flat
+// index in int64: 0.85 ms per 8 192 tokens of V4-Flash on an H200, 1.3 TB/s.)
+constexpr int kCombineDims = 4, kCombineThreads = 256;
+__global__ void __launch_bounds__(kCombineThreads)
+    moe_combine_kernel(const float* expert_out, const float* shared, const int32_t* sel, int64_t k, int64_t D,
+                       bool bf16, float* out) {
   await_previous_kernel();
-  const int64_t n = T * D;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t t = e / D, d = e % D;
-    int order[kMaxExpertsPerToken];
+  __shared__ int order[kMaxExpertsPerToken];
+  const int64_t t = blockIdx.x, d0 = (int64_t(blockIdx.y) * kCombineThreads + threadIdx.x) * kCombineDims;
+  if (threadIdx.x == 0) {
+    const int32_t* s = sel + t * k;
     for (int i = 0; i < k; ++i) order[i] = i;
     for (int i = 1; i < k; ++i)  // insertion sort of the slots by expert id (k is small)
-      for (int j = i; j > 0 && sel[t * k + order[j]] < sel[t * k + order[j - 1]]; --j) {
+      for (int j = i; j > 0 && s[order[j]] < s[order[j - 1]]; --j) {
         const int tmp = order[j];
         order[j] = order[j - 1], order[j - 1] = tmp;
       }
-    double acc = 0.0;
-    for (int i = 0; i < k; ++i) acc += expert_out[(t * k + order[i]) * D + d];
-    if (shared) acc += shared[e];
-    out[e] = round_if(bf16, float(acc));
   }
+  __syncthreads();
+  if (d0 >= D) return;
+  const bool whole = D % kCombineDims == 0;  // then every group is whole and 16-byte aligned
+  double acc[kCombineDims] = {};
+  float v[kCombineDims];
+#pragma unroll 2
+  for (int i = 0; i < k; ++i) {
+    load4(expert_out + (t * k + order[i]) * D, d0, D, whole, v);
+#pragma unroll
+    for (int u = 0; u < kCombineDims; ++u) acc[u] += v[u];
+  }
+  if (shared) {
+    load4(shared + t * D, d0, D, whole, v);
+#pragma unroll
+    for (int u = 0; u < kCombineDims; ++u) acc[u] += v[u];
+  }
+#pragma unroll
+  for (int u = 0; u < kCombineDims; ++u) v[u] = round_if(bf16, float(acc[u]));
+  store4(out + t * D, d0, D, whole, v);
 }
 
 }  // namespace
@@ -196,8 +216,9 @@ void CudaBackend::moe(const model::MoeWeights& m, const float* x, const int32_t*
       sd.y = shared.get(), sd.y_stride = D;
       expert_ffn(sg, su, sd, nullptr, limit);
     }
-    launch(moe_combine_kernel, grid_for(nt * D, 256), 256, 0, stream_, expert_out.get(), shared.get(), sel + c0 * k,
-           nt, k, D, deepseek(), out + c0 * D);
+    const dim3 grid(unsigned(nt), unsigned((D + kCombineDims * kCombineThreads - 1) / (kCombineDims * kCombineThreads)));
+    launch(moe_combine_kernel, grid, kCombineThreads, 0, stream_, expert_out.get(), shared.get(), sel + c0 * k, k, D,
+           deepseek(), out + c0 * D);
     DSV4_CUDA_LAUNCHED("moe (combine)");
   }
 }
