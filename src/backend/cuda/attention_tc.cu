@@ -35,6 +35,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/attention_rows.cuh"
@@ -203,16 +204,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (tile + 1 < n_tiles) stage(tile + 1, slot ^ 1);  // (into the slot the last tile left)
     commit_async_copies();
 
-    // Logits: c[4j + 2r + e] is head 16·warp + g + 8r, tile row 32·group + 8j + 2i + e.
+    // Logits: c[4j + 2r + e] is head 16·warp + g + 8r, tile row 32·group + 8j + 2i + e. Step kk
+    // takes dims 16·kk …: dim block kk / 4, 32 bytes on per step inside it.
     float c[16];
+    const unsigned char* keys_at = rows_at + group * kGroupRows * 128;
+    auto logits_step = [&](auto accumulate, int kk) {
+      const int block = kk / 4, within = kk % 4 * 32;
+      wgmma_logits<decltype(accumulate)::value>(c, tile_descriptor(qs + block * kQueryBlockBytes + within),
+                                                tile_descriptor(keys_at + block * kTileBlockBytes + within));
+    };
     wgmma_begin();
-    wgmma_logits<false>(c, tile_descriptor(qs), tile_descriptor(rows_at + group * kGroupRows * 128));
+    logits_step(std::false_type{}, 0);
 #pragma unroll
-    for (int kk = 1; kk < kMaxDim / 16; ++kk) {
-      const uint32_t at = (kk / 4) * kQueryBlockBytes + (kk % 4) * 32;  // dims 16·kk …
-      wgmma_logits<true>(c, tile_descriptor(qs + at),
-                         tile_descriptor(rows_at + (kk / 4) * kTileBlockBytes + group * kGroupRows * 128 + (kk % 4) * 32));
-    }
+    for (int kk = 1; kk < kMaxDim / 16; ++kk) logits_step(std::true_type{}, kk);
     wgmma_commit();
     wgmma_finish(c);
     float mx[2] = {-INFINITY, -INFINITY};

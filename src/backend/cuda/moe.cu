@@ -80,20 +80,29 @@ __global__ void route_kernel(const float* logits, int64_t E, const float* bias, 
     weights[t * k + i] = (st[i] >= 0 && st[i] < E ? score[st[i]] : 0.0f) / float(sum) * routed_scale;
 }
 
-// h = round(silu(min(g, L)) · clamp(u, ±L) · w): one thread per element of [rows, F].
-__global__ void swiglu_kernel(float* g, const float* u, int64_t rows, int64_t F, const float* w, float limit,
-                              bool bf16) {
+// h = round(silu(min(g, L)) · clamp(u, ±L) · w), in place of g: grid (rows, groups of F), a thread
+// per 4 consecutive elements of a row (float4 where F allows). (One thread per element, its row by
+// an int64 division: 3.7 ms per 8 192 tokens of 4 V4-Flash layers on an H200, 1.5 TB/s.)
+constexpr int kSwigluDims = 4, kSwigluThreads = 256;
+__global__ void __launch_bounds__(kSwigluThreads)
+    swiglu_kernel(float* g, const float* u, int64_t F, const float* w, float limit, bool bf16) {
   await_previous_kernel();
-  const int64_t n = rows * F;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
-    float gv = g[e], uv = u[e];
+  const int64_t row = blockIdx.x, f0 = (int64_t(blockIdx.y) * kSwigluThreads + threadIdx.x) * kSwigluDims;
+  if (f0 >= F) return;
+  const bool whole = F % kSwigluDims == 0;  // then every group is whole and 16-byte aligned
+  float gv[kSwigluDims], uv[kSwigluDims];
+  load4(g + row * F, f0, F, whole, gv);
+  load4(u + row * F, f0, F, whole, uv);
+#pragma unroll
+  for (int k = 0; k < kSwigluDims; ++k) {
     if (limit > 0) {
-      gv = fminf(gv, limit);
-      uv = fminf(fmaxf(uv, -limit), limit);
+      gv[k] = fminf(gv[k], limit);
+      uv[k] = fminf(fmaxf(uv[k], -limit), limit);
     }
-    const float h = silu_f(gv) * uv;
-    g[e] = round_if(bf16, w ? h * w[e / F] : h);
+    const float h = silu_f(gv[k]) * uv[k];
+    gv[k] = round_if(bf16, w ? h * w[row] : h);
   }
+  store4(g + row * F, f0, F, whole, gv);
 }
 
 // out[t, d] = Σ_{slots by ascending expert id} expert_out[t, slot, d] (+ shared[t, d]), in double.
@@ -158,14 +167,15 @@ void CudaBackend::route(const model::MoeWeights& m, const float* x, const int32_
 void CudaBackend::expert_ffn(GemmRequest gate, GemmRequest up, GemmRequest down, const float* row_weights,
                              double limit) {
   const int64_t rows = gate.T, F = gate.rows;
+  if (rows * F == 0) return;
   DeviceArray<float> g(stream_, size_t(rows * F)), u(stream_, size_t(rows * F));
   gate.y = g.get(), gate.y_stride = F;
   up.y = u.get(), up.y_stride = F;
   up.x_as_before = true;  // the same x as gate's: quantized once (two launches fewer per layer)
   gemm(gate);
   gemm(up);
-  launch(swiglu_kernel, grid_for(rows * F, 256), 256, 0, stream_, g.get(), u.get(), rows, F, row_weights,
-         float(limit), deepseek());
+  const dim3 grid(unsigned(rows), unsigned((F + kSwigluDims * kSwigluThreads - 1) / (kSwigluDims * kSwigluThreads)));
+  launch(swiglu_kernel, grid, kSwigluThreads, 0, stream_, g.get(), u.get(), F, row_weights, float(limit), deepseek());
   DSV4_CUDA_LAUNCHED("moe (swiglu)");
   down.x = g.get(), down.x_stride = F, down.x_div = 1, down.T = rows;
   gemm(down);
