@@ -30,6 +30,9 @@
 // weight rows each) convert their next block's weights while the tensor cores multiply this one,
 // then promote; while one promotes, the other's products run. The registers are moved to the
 // consumers (setmaxnreg), which hold two accumulators and two blocks' weight fragments.
+// The prologue (the tile's rows, then its scales) holds a fifth of the warps' stall samples at an
+// 8K prompt (ncu), but loading the scales in one round of loads, and issuing the first blocks'
+// activation copies before them, measured slower (bench/cuda_decode.md, twenty-sixth session).
 #include <cuda_runtime.h>
 
 #include <algorithm>

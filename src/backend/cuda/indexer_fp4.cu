@@ -41,6 +41,8 @@
 // when its sum lies within a few fp32 ulps of a bf16 tie. Each query's head rows (in wgmma's
 // 128-byte swizzle), weight and sign pairs and bounds form an image the prepare kernel writes once;
 // thread 0 copies it whole (cp.async.bulk) into one of kTcStages stages, kTcStages − 1 queries ahead.
+// The dots become floats by conversion, not by the exact path's bias: int-to-float issues at half
+// the FP32 rate on an H200, so an add and a subtraction cost more (bench/cuda/conversion_rates.cu).
 //
 // Measured on an H200 (4 synthetic V4-Flash layers, 1M prompt, chunks of 8 192 queries): 79.7 ms
 // per chunk with the top-k, 19.9 per 2 048 queries (44.3 with per-head doubles and conversions, the
