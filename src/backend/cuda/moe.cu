@@ -82,7 +82,8 @@ __global__ void route_kernel(const float* logits, int64_t E, const float* bias, 
 
 // h = round(silu(min(g, L)) · clamp(u, ±L) · w), in place of g: grid (rows, groups of F), a thread
 // per 4 consecutive elements of a row (float4 where F allows). (One thread per element, its row by
-// an int64 division: 3.7 ms per 8 192 tokens of 4 V4-Flash layers on an H200, 1.5 TB/s.)
+// an int64 division: 0.80 ms per call for the 49 152 routed rows of an 8 192-token chunk of
+// V4-Flash on an H200, 1.5 TB/s.)
 constexpr int kSwigluDims = 4, kSwigluThreads = 256;
 __global__ void __launch_bounds__(kSwigluThreads)
     swiglu_kernel(float* g, const float* u, int64_t F, const float* w, float limit, bool bf16) {
@@ -108,7 +109,8 @@ __global__ void __launch_bounds__(kSwigluThreads)
 // out[t, d] = Σ_{slots by ascending expert id} expert_out[t, slot, d] (+ shared[t, d]), in double.
 // Grid (T, groups of D): thread 0 orders the token's slots once, then a thread takes 4 consecutive
 // d (float4 where D allows). (One thread per (t, d), each sorting the slots and splitting its flat
-// index in int64: 0.85 ms per 8 192 tokens of V4-Flash on an H200, 1.3 TB/s.)
+// index in int64: 0.84 ms per call at 8 192 tokens of V4-Flash on an H200, 1.3 TB/s; the 12
+// launches of an 8K prefill of 4 layers, decode's included, 3.41 → 1.08 ms.)
 constexpr int kCombineDims = 4, kCombineThreads = 256;
 __global__ void __launch_bounds__(kCombineThreads)
     moe_combine_kernel(const float* expert_out, const float* shared, const int32_t* sel, int64_t k, int64_t D,
