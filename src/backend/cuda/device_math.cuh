@@ -29,24 +29,26 @@ __device__ inline float softplus_f(float x) { return x > 20.0f ? x : float(log1p
 // Rounds to bf16 where the reference does (deepseek numerics); identity in plain.
 __device__ inline float round_if(bool bf16, float x) { return bf16 ? round_bf16(x) : x; }
 
-// Elements d0 … d0 + 3 of a row of D floats: one 16-byte access when `whole` (D a multiple of 4 and
-// the row 16-byte aligned), else one by one, zeros past D when loading (row-parallel kernels: a
-// thread per 4 consecutive elements).
-__device__ inline void load4(const float* row, int64_t d0, int64_t D, bool whole, float (&v)[4]) {
+// Row-parallel kernels (hc_post, the MoE's combine and swiglu): grid (rows, groups of D), a thread
+// per kRowGroup consecutive elements of a row. Elements d0 … d0 + 3 of a row of D floats: one
+// 16-byte access when `whole` (D a multiple of kRowGroup and the row 16-byte aligned), else one by
+// one, zeros past D when loading.
+constexpr int kRowGroup = 4;
+__device__ inline void load4(const float* row, int64_t d0, int64_t D, bool whole, float (&v)[kRowGroup]) {
   if (whole) {
     const float4 q = *reinterpret_cast<const float4*>(row + d0);
     v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
   } else {
 #pragma unroll
-    for (int u = 0; u < 4; ++u) v[u] = d0 + u < D ? row[d0 + u] : 0.0f;
+    for (int u = 0; u < kRowGroup; ++u) v[u] = d0 + u < D ? row[d0 + u] : 0.0f;
   }
 }
-__device__ inline void store4(float* row, int64_t d0, int64_t D, bool whole, const float (&v)[4]) {
+__device__ inline void store4(float* row, int64_t d0, int64_t D, bool whole, const float (&v)[kRowGroup]) {
   if (whole) {
     *reinterpret_cast<float4*>(row + d0) = make_float4(v[0], v[1], v[2], v[3]);
   } else {
 #pragma unroll
-    for (int u = 0; u < 4; ++u)
+    for (int u = 0; u < kRowGroup; ++u)
       if (d0 + u < D) row[d0 + u] = v[u];
   }
 }
@@ -194,6 +196,11 @@ __device__ __forceinline__ void load_matrices(uint32_t (&r)[4], const void* row)
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(at));
+}
+
+// The grid of a row-parallel kernel (see load4) over `rows` rows of D, `threads` threads a block.
+inline dim3 row_group_grid(int64_t rows, int64_t D, int threads) {
+  return dim3(unsigned(rows), unsigned((D + int64_t(kRowGroup) * threads - 1) / (int64_t(kRowGroup) * threads)));
 }
 
 // Blocks of a 1-D grid-stride launch over n elements.

@@ -141,15 +141,15 @@ __global__ void __launch_bounds__(kTokenThreads) hc_head_kernel(HcArgs a, const 
 // takes 4 consecutive d of token t (float4 loads where D allows) and reads all their inputs before
 // writing their outputs (so X_out may be X). (One thread per (t, d), each fetching the token's 20
 // gates and splitting its flat index in int64: 789 µs per call at 8 192 tokens on an H200, 1.5 TB/s.)
-constexpr int kPostDims = 4, kPostThreads = 256;
+constexpr int kPostThreads = 256;
 __global__ void __launch_bounds__(kPostThreads) hc_post_kernel(const float* a, const float* X, const float* post,
                                                                 const float* comb, int hc, int64_t D, bool bf16,
                                                                 float* X_out) {
   await_previous_kernel();
-  const int64_t t = blockIdx.x, d0 = (int64_t(blockIdx.y) * kPostThreads + threadIdx.x) * kPostDims;
+  const int64_t t = blockIdx.x, d0 = (int64_t(blockIdx.y) * kPostThreads + threadIdx.x) * kRowGroup;
   if (d0 >= D) return;
-  const bool whole = D % kPostDims == 0;  // then every group is whole and 16-byte aligned
-  float in[kMaxHc][kPostDims], act[kPostDims];
+  const bool whole = D % kRowGroup == 0;  // then every group is whole and 16-byte aligned
+  float in[kMaxHc][kRowGroup], act[kRowGroup];
 #pragma unroll
   for (int j = 0; j < kMaxHc; ++j)
     if (j < hc) load4(X + (t * hc + j) * D, d0, D, whole, in[j]);
@@ -162,9 +162,9 @@ __global__ void __launch_bounds__(kPostThreads) hc_post_kernel(const float* a, c
 #pragma unroll
     for (int j = 0; j < kMaxHc; ++j) w[j] = j < hc ? double(M[j * hc + k]) : 0.0;
     const double p = double(post[t * hc + k]);
-    float out[kPostDims];
+    float out[kRowGroup];
 #pragma unroll
-    for (int u = 0; u < kPostDims; ++u) {
+    for (int u = 0; u < kRowGroup; ++u) {
       double acc = p * double(act[u]);
 #pragma unroll
       for (int j = 0; j < kMaxHc; ++j)
@@ -204,8 +204,7 @@ void CudaBackend::hc_post(const float* a, const float* X, const float* post, con
   Timed timed(*this, "hc_post");
   if (T * D == 0) return;
   DSV4_CUDA_REQUIRE(hc <= kMaxHc, "hc_post: hc ", hc, " above ", kMaxHc);
-  const dim3 grid(unsigned(T), unsigned((D + kPostDims * kPostThreads - 1) / (kPostDims * kPostThreads)));
-  launch(hc_post_kernel, grid, kPostThreads, 0, stream_, a, X, post, comb, int(hc), D, deepseek(), X_out);
+  launch(hc_post_kernel, row_group_grid(T, D, kPostThreads), kPostThreads, 0, stream_, a, X, post, comb, int(hc), D, deepseek(), X_out);
   DSV4_CUDA_LAUNCHED("hc_post");
 }
 

@@ -84,18 +84,18 @@ __global__ void route_kernel(const float* logits, int64_t E, const float* bias, 
 // per 4 consecutive elements of a row (float4 where F allows). (One thread per element, its row by
 // an int64 division: 0.80 ms per call for the 49 152 routed rows of an 8 192-token chunk of
 // V4-Flash on an H200, 1.5 TB/s.)
-constexpr int kSwigluDims = 4, kSwigluThreads = 256;
+constexpr int kSwigluThreads = 256;
 __global__ void __launch_bounds__(kSwigluThreads)
     swiglu_kernel(float* g, const float* u, int64_t F, const float* w, float limit, bool bf16) {
   await_previous_kernel();
-  const int64_t row = blockIdx.x, f0 = (int64_t(blockIdx.y) * kSwigluThreads + threadIdx.x) * kSwigluDims;
+  const int64_t row = blockIdx.x, f0 = (int64_t(blockIdx.y) * kSwigluThreads + threadIdx.x) * kRowGroup;
   if (f0 >= F) return;
-  const bool whole = F % kSwigluDims == 0;  // then every group is whole and 16-byte aligned
-  float gv[kSwigluDims], uv[kSwigluDims];
+  const bool whole = F % kRowGroup == 0;  // then every group is whole and 16-byte aligned
+  float gv[kRowGroup], uv[kRowGroup];
   load4(g + row * F, f0, F, whole, gv);
   load4(u + row * F, f0, F, whole, uv);
 #pragma unroll
-  for (int k = 0; k < kSwigluDims; ++k) {
+  for (int k = 0; k < kRowGroup; ++k) {
     if (limit > 0) {
       gv[k] = fminf(gv[k], limit);
       uv[k] = fminf(fmaxf(uv[k], -limit), limit);
@@ -111,13 +111,13 @@ __global__ void __launch_bounds__(kSwigluThreads)
 // d (float4 where D allows). (One thread per (t, d), each sorting the slots and splitting its flat
 // index in int64: 0.84 ms per call at 8 192 tokens of V4-Flash on an H200, 1.3 TB/s; the 12
 // launches of an 8K prefill of 4 layers, decode's included, 3.41 → 1.08 ms.)
-constexpr int kCombineDims = 4, kCombineThreads = 256;
+constexpr int kCombineThreads = 256;
 __global__ void __launch_bounds__(kCombineThreads)
     moe_combine_kernel(const float* expert_out, const float* shared, const int32_t* sel, int64_t k, int64_t D,
                        bool bf16, float* out) {
   await_previous_kernel();
   __shared__ int order[kMaxExpertsPerToken];
-  const int64_t t = blockIdx.x, d0 = (int64_t(blockIdx.y) * kCombineThreads + threadIdx.x) * kCombineDims;
+  const int64_t t = blockIdx.x, d0 = (int64_t(blockIdx.y) * kCombineThreads + threadIdx.x) * kRowGroup;
   if (threadIdx.x == 0) {
     const int32_t* s = sel + t * k;
     for (int i = 0; i < k; ++i) order[i] = i;
@@ -129,22 +129,22 @@ __global__ void __launch_bounds__(kCombineThreads)
   }
   __syncthreads();
   if (d0 >= D) return;
-  const bool whole = D % kCombineDims == 0;  // then every group is whole and 16-byte aligned
-  double acc[kCombineDims] = {};
-  float v[kCombineDims];
+  const bool whole = D % kRowGroup == 0;  // then every group is whole and 16-byte aligned
+  double acc[kRowGroup] = {};
+  float v[kRowGroup];
 #pragma unroll 2
   for (int i = 0; i < k; ++i) {
     load4(expert_out + (t * k + order[i]) * D, d0, D, whole, v);
 #pragma unroll
-    for (int u = 0; u < kCombineDims; ++u) acc[u] += v[u];
+    for (int u = 0; u < kRowGroup; ++u) acc[u] += v[u];
   }
   if (shared) {
     load4(shared + t * D, d0, D, whole, v);
 #pragma unroll
-    for (int u = 0; u < kCombineDims; ++u) acc[u] += v[u];
+    for (int u = 0; u < kRowGroup; ++u) acc[u] += v[u];
   }
 #pragma unroll
-  for (int u = 0; u < kCombineDims; ++u) v[u] = round_if(bf16, float(acc[u]));
+  for (int u = 0; u < kRowGroup; ++u) v[u] = round_if(bf16, float(acc[u]));
   store4(out + t * D, d0, D, whole, v);
 }
 
@@ -176,8 +176,7 @@ void CudaBackend::expert_ffn(GemmRequest gate, GemmRequest up, GemmRequest down,
   up.x_as_before = true;  // the same x as gate's: quantized once (two launches fewer per layer)
   gemm(gate);
   gemm(up);
-  const dim3 grid(unsigned(rows), unsigned((F + kSwigluDims * kSwigluThreads - 1) / (kSwigluDims * kSwigluThreads)));
-  launch(swiglu_kernel, grid, kSwigluThreads, 0, stream_, g.get(), u.get(), F, row_weights, float(limit), deepseek());
+  launch(swiglu_kernel, row_group_grid(rows, F, kSwigluThreads), kSwigluThreads, 0, stream_, g.get(), u.get(), F, row_weights, float(limit), deepseek());
   DSV4_CUDA_LAUNCHED("moe (swiglu)");
   down.x = g.get(), down.x_stride = F, down.x_div = 1, down.T = rows;
   gemm(down);
@@ -228,8 +227,7 @@ void CudaBackend::moe(const model::MoeWeights& m, const float* x, const int32_t*
       sd.y = shared.get(), sd.y_stride = D;
       expert_ffn(sg, su, sd, nullptr, limit);
     }
-    const dim3 grid(unsigned(nt), unsigned((D + kCombineDims * kCombineThreads - 1) / (kCombineDims * kCombineThreads)));
-    launch(moe_combine_kernel, grid, kCombineThreads, 0, stream_, expert_out.get(), shared.get(), sel + c0 * k, k, D,
+    launch(moe_combine_kernel, row_group_grid(nt, D, kCombineThreads), kCombineThreads, 0, stream_, expert_out.get(), shared.get(), sel + c0 * k, k, D,
            deepseek(), out + c0 * D);
     DSV4_CUDA_LAUNCHED("moe (combine)");
   }
