@@ -38,6 +38,11 @@
 // holds P parts of the chunks, each block writes its double sums to scratch, and the block that
 // finishes last (an arrival count per output block) adds the P parts in part order and rounds:
 // the same sum whichever block that is. (A second kernel for the fold cost a launch per product.)
+//
+// deepseek-tc leaves these kernels for the tensor cores where it can: many rows through cuBLASLt
+// (gemm_tc.cu), the routed FP4 experts of many rows on the FP8 mma (gemm_experts_tc.cu), and the
+// quantized FP8 products of a few rows (decode) on mma.sync (gemv_tc.cu), whose weights stream
+// with no per-code integer work.
 #include <cuda_fp8.h>
 
 #include <algorithm>
@@ -584,6 +589,8 @@ void CudaBackend::gemm(const GemmRequest& r) {
   // deepseek-tc: the routed FP4 experts of many rows on the FP8 tensor cores, from the activations'
   // e4m3 codes (gemm_experts_tc.cu).
   const bool tc_experts = numerics() == Numerics::deepseek_tc && tiled && dmma && fits_tensor_core_experts(r);
+  // deepseek-tc: the FP8 products of a few token rows on the FP8 tensor cores' mma.sync (gemv_tc.cu).
+  const bool tc_few = numerics() == Numerics::deepseek_tc && tiled && !tensor_cores && tc_gemv_handles(r);
   const bool round_out = deepseek() && r.compute != Compute::f32;
   const int64_t n_src = r.source_rows(), n_k128 = (K + 127) / 128;
   // One scratch buffer, in parts that are live together: the quantized activations, their scales
@@ -593,7 +600,7 @@ void CudaBackend::gemm(const GemmRequest& r) {
   const bool planes = tiled && W.format == kFp4 && !tc_experts;
   const QuantizedForm form = planes                       ? QuantizedForm::planes
                              : tc_experts   ? QuantizedForm::fragment_codes
-                             : tensor_cores ? QuantizedForm::codes
+                             : tensor_cores || tc_few ? QuantizedForm::codes
                                             : QuantizedForm::values;
   const int64_t plane_words = planes ? (K + 31) / 32 * 24 : 0;
   const int64_t row_floats = planes ? plane_words
@@ -636,6 +643,10 @@ void CudaBackend::gemm(const GemmRequest& r) {
   }
   if (tensor_cores) {
     tensor_cores_->run_quantized(r, reinterpret_cast<const uint8_t*>(scratch), scratch + n_qx, stream_);
+    return;
+  }
+  if (tc_few) {
+    tc_gemv(r, reinterpret_cast<const uint8_t*>(scratch), scratch + n_qx, sm_count_, stream_);
     return;
   }
   if (tc_experts) {

@@ -75,4 +75,13 @@ class TensorCoreGemm {
   std::unordered_map<const void*, float*> scales_;  // device weight scales → their fp32 copy
 };
 
+// deepseek-tc's quantized FP8 products of fewer than TensorCoreGemm::kMinRows token rows (decode),
+// on the FP8 tensor cores' mma.sync (gemv_tc.cu): the operands and the per-128 promotion of the
+// cuBLASLt path. Whether it takes r: one FP8 matrix (no expert table), K a multiple of 128, row0 a
+// multiple of 16.
+bool tc_gemv_handles(const GemmRequest& r);
+// y[t, 0 : rows) = bf16(x_codes[t / x_div] · W[row0 : row0+rows]ᵀ), x_scales in act_quant's per-K-block
+// layout [K/128][source rows]. Requires tc_gemv_handles(r).
+void tc_gemv(const GemmRequest& r, const uint8_t* x_codes, const float* x_scales, int sm_count, cudaStream_t stream);
+
 }  // namespace dsv4::cuda

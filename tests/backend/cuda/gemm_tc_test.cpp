@@ -3,8 +3,9 @@
 // bf16: fp32 accumulation), so these are compared within bounds, not bit for bit: per element, one
 // bf16 rounding of the result plus a part of Σ|x·w| (what a truncated accumulator can lose; a wrong
 // scale or operand layout misses by the size of the result itself), and over the whole output a
-// relative error of bf16 size. Below the tensor cores' row threshold, and for token counts
-// cuBLASLt cannot take, the products stay on the exact kernels: bit for bit.
+// relative error of bf16 size. Token counts cuBLASLt cannot take stay on the exact kernels, bit
+// for bit; below its row threshold the quantized FP8 products run on mma.sync (gemv_tc.cu), and
+// the bf16 ones, and FP8 rows from a row0 that is no multiple of 16, stay exact.
 #include "backend/cuda/gemm_tc.h"
 #include "twin.h"
 
@@ -55,7 +56,11 @@ TEST(CudaTensorCores, ProductsWithinTheAccumulatorBound) {
                           TcCase{fp8, q, 64, 256, 256}, TcCase{fp8, q, 76, 512, 1024, 128, 256},
                           TcCase{fp8, q, 77, 512, 1024}, TcCase{fp8, q, 78, 512, 1024, 128, 256},
                           TcCase{fp8, bf16, 64, 256, 1024}, TcCase{fp8, bf16, 77, 384, 512, 64, 200},
-                          TcCase{WeightFormat::bf16, bf16, 96, 256, 640}, TcCase{WeightFormat::bf16, bf16, 33, 300, 256, 8, 96}}) {
+                          TcCase{WeightFormat::bf16, bf16, 96, 256, 640}, TcCase{WeightFormat::bf16, bf16, 33, 300, 256, 8, 96},
+                          // decode-sized (mma.sync): one token, a partial tile from row0 16, two
+                          // token groups, the largest count below cuBLASLt's
+                          TcCase{fp8, q, 1, 512, 1024}, TcCase{fp8, q, 5, 400, 2048, 16, 272}, TcCase{fp8, q, 9, 256, 512},
+                          TcCase{fp8, q, 31, 128, 1024}}) {
     const int64_t rows = c.rows ? c.rows : c.out;
     const std::string name = std::string("tc ") + model::to_string(c.format) + (c.compute == q ? "/quantized" : "/bf16") +
                              " T" + std::to_string(c.T) + " " + std::to_string(c.out) + "x" + std::to_string(c.in) +
@@ -85,24 +90,57 @@ TEST(CudaTensorCores, ProductsWithinTheAccumulatorBound) {
     EXPECT_LE(worst, 1.0) << name;
     EXPECT_LE(rel, 1e-2) << name;
     // The exact kernels agree bit for bit: FP8 tile partials on the tensor cores differ somewhere.
-    if (c.compute == q && c.T % 4 == 0) {
+    const bool few = c.T < cuda::TensorCoreGemm::kMinRows;  // mma.sync: FewRowsSumOnTheTensorCores
+    if (c.compute == q && c.T % 4 == 0 && !few) {
       EXPECT_GT(differ, 0) << name << ": the product did not run on the tensor cores";
-    } else if (c.compute == q) {
+    } else if (c.compute == q && !few) {
       EXPECT_EQ(differ, 0) << name << ": a token count cuBLASLt cannot take is the exact kernels'";
     }
   }
 }
 
-// Decode-sized products (fewer rows than the tensor cores take) keep the exact kernels.
-TEST(CudaTensorCores, FewRowsStayExact) {
+// A product whose 128-block partial the exact kernels and mma.sync round differently, which shows
+// that the decode-sized quantized products ran on the tensor cores (their random cases above round
+// to the same bf16: mma.sync's fp32 steps lose less than a bf16 rounding hides). Every row holds
+// 448 at k = 0, 2^-6 at k = 8 and -448 at k = 64 (scales 1), and x the same with +448 at k = 64:
+// exactly 2^-12, while the mma steps add 448² (k 0…7), then 2^-12 (k 8…15: lost below the ulp of
+// 448², 2^-6), then -448² (k 64…71): 0.
+TEST(CudaTensorCores, FewRowsSumOnTheTensorCores) {
+  DSV4_REQUIRE_GPU();
+  const int64_t out = 16, in = 128;
+  auto W = random_linear("tc cancel.w", WeightFormat::fp8, out, in);
+  std::fill(W->data.begin(), W->data.end(), uint8_t(0));
+  std::fill(W->scale.begin(), W->scale.end(), uint8_t(127));  // E8M0 1.0
+  for (int64_t r = 0; r < out; ++r) {
+    W->data[size_t(r * in)] = 0x7e;        // 448
+    W->data[size_t(r * in + 8)] = 0x08;    // 2^-6
+    W->data[size_t(r * in + 64)] = 0xfe;   // -448
+  }
+  for (int64_t T : {1, 9}) {
+    const TcCase c{WeightFormat::fp8, Compute::quantized, T, out, in};
+    std::vector<float> x(size_t(T * in), 0.0f);
+    for (int64_t t = 0; t < T; ++t) x[size_t(t * in)] = x[size_t(t * in + 64)] = 448.0f, x[size_t(t * in + 8)] = 0x1p-6f;
+    const std::vector<float> ref = product(*make_cpu_backend(Numerics::deepseek), W->W, c.compute, x, c, out, "cancel");
+    const std::vector<float> got = product(*make_cuda_backend(Numerics::deepseek_tc), W->W, c.compute, x, c, out, "cancel");
+    for (size_t i = 0; i < ref.size(); ++i) {
+      ASSERT_EQ(ref[i], 0x1p-12f) << "T" << T << " output " << i << ": the exact partial";
+      ASSERT_EQ(got[i], 0.0f) << "T" << T << " output " << i << ": the mma steps' partial";
+    }
+  }
+}
+
+// Decode-sized bf16 products, and quantized FP8 rows from a row0 that is no multiple of 16 (which
+// would split a tile of 16 over two scale blocks), keep the exact kernels.
+TEST(CudaTensorCores, FewRowsOffTheTensorCoresStayExact) {
   DSV4_REQUIRE_GPU();
   const int64_t T = cuda::TensorCoreGemm::kMinRows - 1, out = 256, in = 1024;
-  for (Compute compute : {Compute::quantized, Compute::bf16}) {
-    const TcCase c{WeightFormat::fp8, compute, T, out, in};
+  for (const TcCase& c : {TcCase{WeightFormat::fp8, Compute::bf16, T, out, in},
+                          TcCase{WeightFormat::fp8, Compute::quantized, T, out, in, 8, 128}}) {
+    const int64_t rows = c.rows ? c.rows : c.out;
     auto W = random_linear("tc few rows.w", WeightFormat::fp8, out, in);
     const std::vector<float> x = random_bf16("tc few rows.x", size_t(T * in));
-    const std::vector<float> ref = product(*make_cpu_backend(Numerics::deepseek), W->W, compute, x, c, out, "few");
-    const std::vector<float> got = product(*make_cuda_backend(Numerics::deepseek_tc), W->W, compute, x, c, out, "few");
+    const std::vector<float> ref = product(*make_cpu_backend(Numerics::deepseek), W->W, c.compute, x, c, rows, "few");
+    const std::vector<float> got = product(*make_cuda_backend(Numerics::deepseek_tc), W->W, c.compute, x, c, rows, "few");
     EXPECT_EQ(identical(ref, got), int64_t(ref.size()));
   }
 }
