@@ -737,6 +737,7 @@ void CudaBackend::embed(const model::Linear& table, const int32_t* tokens, int64
   Timed timed(*this, "embed");
   if (T == 0) return;
   std::vector<int32_t> ids(static_cast<size_t>(T));
+  synchronize();  // the wait counted as such (see to_host)
   DSV4_CUDA_CHECK(cudaMemcpyAsync(ids.data(), tokens, size_t(T) * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
   synchronize();
   for (int32_t id : ids)

@@ -155,6 +155,9 @@ void CudaBackend::fill(float* dst, float value, size_t n) {
 
 void CudaBackend::to_host(float* host_dst, const float* src, size_t n) {
   if (n == 0) return;
+  // The wait first: a copy into pageable memory returns only when the stream has drained, and
+  // that wait would escape the host-wait figure (dsv4 bench's "waiting for the device").
+  synchronize();
   DSV4_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
   synchronize();
   profile_ = profile_requested();  // a caller may switch it on between forward passes
