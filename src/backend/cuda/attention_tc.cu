@@ -64,7 +64,7 @@ constexpr uint32_t kQueryBytes = kDimBlocks * kQueryBlockBytes, kTileBytes = kDi
 constexpr uint32_t kProbBytes = kHeads * kTileRows * 2;  // [head][64 rows of bf16]: one 128-byte row each
 constexpr uint32_t kTilesOff = kQueryBytes, kProbOff = kTilesOff + 2 * kTileBytes, kMeetOff = kProbOff + kProbBytes;
 constexpr uint32_t kPresentOff = kMeetOff + 2 * kHeads * sizeof(float);
-constexpr size_t kSmemBytes = kPresentOff + 2 * kTileRows * sizeof(int) + 1024;  // + the alignment
+constexpr size_t kSmemBytes = kPresentOff + 2 * kTileRows * sizeof(int) + kSwizzlePeriod;
 
 // Four e4m3 codes (a word, the first in the low byte) of a block with E8M0 exponent e, as four bf16
 // (two per word). A code's 7 magnitude bits placed under a float's sign are its value · 2^-120,
@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #ifdef DSV4_WGMMA
   await_previous_kernel();
   extern __shared__ unsigned char smem_base[];
-  unsigned char* smem = smem_base + (1024 - shared_address(smem_base) % 1024) % 1024;
+  unsigned char* smem = at_swizzle_period(smem_base);
   unsigned char* qs = smem;                // [kDimBlocks][kHeads][128 B]
   unsigned char* tiles = smem + kTilesOff;  // [2][kDimBlocks][kTileRows][128 B]
   unsigned char* probs = smem + kProbOff;   // [kHeads][128 B]

@@ -74,7 +74,7 @@ __host__ __device__ constexpr int64_t scale_stride(int64_t K) { return 4 * ((K +
 constexpr size_t kXOff = 0, kRawOff = kXOff + size_t(kStages) * kXBytes, kRowScaleOff = kRawOff + size_t(kStages) * kRawBytes,
                  kSxOff = kRowScaleOff + kBN * 4;
 __host__ __device__ inline size_t scales_offset(int64_t K) { return kSxOff + size_t((K + kBK - 1) / kBK) * kBlockScales * 4; }
-size_t smem_bytes(int64_t K) { return 1024 + scales_offset(K) + size_t(kBN * scale_stride(K)); }
+size_t smem_bytes(int64_t K) { return kSwizzlePeriod + scales_offset(K) + size_t(kBN * scale_stride(K)); }
 
 // Where chunk c of raw weight row r sits in its 64 bytes: the 8 rows one ldmatrix matrix reads
 // land on distinct banks.
@@ -143,8 +143,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #ifdef DSV4_WGMMA
   await_previous_kernel();
   extern __shared__ unsigned char smem_base[];
-  const uint32_t base = shared_address(smem_base);
-  unsigned char* smem = smem_base + (1024 - base % 1024) % 1024;
+  unsigned char* smem = at_swizzle_period(smem_base);
   float* row_scale = reinterpret_cast<float*>(smem + kRowScaleOff);  // [kBN]: 2^R of each weight row
   float* sx_s = reinterpret_cast<float*>(smem + kSxOff);             // [K/128][kBlockScales]
   const int64_t K = p.W.in;

@@ -83,7 +83,7 @@ constexpr int kTcWarps = 8;
 constexpr int kTcThreads = 32 * kTcWarps, kTcKeysPerBlock = kKeysPerWarp * kTcWarps, kTcQueriesPerBlock = 64;
 constexpr int kImageHeads = 64, kImageTile = kImageHeads * 128, kImageBytes = int(Fp4QueryArrays<true>::kImageWords * 16);
 static_assert(kImageBytes == kImageTile + 256 + 16, "the image's parts");
-constexpr int kTcStages = 4, kStageBytes = (kImageBytes + 1023) / 1024 * 1024;
+constexpr int kTcStages = 4, kStageBytes = (kImageBytes + kSwizzlePeriod - 1) / kSwizzlePeriod * kSwizzlePeriod;
 // Int8 words (4 codes) per staged key row: the 8 rows × 4 lanes of a fragment load fall on
 // distinct banks with a stride of 4 (mod 32) words.
 constexpr int kFp4WordStride = kFp4MaxDim / 4 + 4;
@@ -552,7 +552,7 @@ __global__ void __launch_bounds__(kTcThreads, 2)
 #ifdef DSV4_WGMMA
   await_previous_kernel();
   extern __shared__ unsigned char tc_smem_base[];
-  unsigned char* stages = tc_smem_base + (1024 - shared_address(tc_smem_base) % 1024) % 1024;  // the swizzle's period
+  unsigned char* stages = at_swizzle_period(tc_smem_base);
   int* k_exp = reinterpret_cast<int*>(stages + kTcStages * kStageBytes);                        // [keys][4]
   uint8_t* k_shift = reinterpret_cast<uint8_t*>(k_exp + kTcKeysPerBlock * kFp4MaxBlocks);       // [keys][4]
   uint32_t* k_words = reinterpret_cast<uint32_t*>(k_shift + kTcKeysPerBlock * kFp4MaxBlocks);   // then the terms
@@ -655,7 +655,7 @@ const void* fp4_scores_kernel(bool tensor_cores) {
 size_t fp4_scores_smem(int heads, bool tensor_cores) {
   const int keys = tensor_cores ? kTcKeysPerBlock : kFp4KeysPerBlock, warps = keys / kKeysPerWarp;
   const size_t words = size_t(keys) * kFp4WordStride * 4, terms = size_t(warps) * 8 * head_tiles(heads) * kKeysPerWarp * 2;
-  return (tensor_cores ? 1024 + size_t(kTcStages) * kStageBytes : 0) + size_t(keys) * kFp4MaxBlocks * 5 +
+  return (tensor_cores ? kSwizzlePeriod + size_t(kTcStages) * kStageBytes : 0) + size_t(keys) * kFp4MaxBlocks * 5 +
          std::max(words, terms);
 }
 

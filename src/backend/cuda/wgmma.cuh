@@ -29,6 +29,14 @@ inline bool device_has_wgmma() {
   return has;
 }
 
+// The 128-byte swizzle's period: its operands start at multiples of 1024 bytes of shared memory,
+// so a kernel asks for kSwizzlePeriod bytes more dynamic shared memory than it lays out and starts
+// its layout at at_swizzle_period(the dynamic base).
+constexpr int kSwizzlePeriod = 1024;
+__device__ __forceinline__ unsigned char* at_swizzle_period(unsigned char* smem) {
+  return smem + (kSwizzlePeriod - shared_address(smem) % kSwizzlePeriod) % kSwizzlePeriod;
+}
+
 // Byte offset of 16-byte chunk c of row r in a tile of 128-byte rows, as wgmma's 128-byte swizzle
 // reads it: the chunks of each row permuted by the row's index mod 8.
 __device__ __forceinline__ int swizzled(int r, int c) { return r * 128 + 16 * (c ^ (r & 7)); }
