@@ -167,6 +167,14 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// c += a·b, mma_bf16's step with f16 operands: deepseek-tc's routed FP4 experts at decode.
+__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+               "{%0, %1, %2, %3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // c += a·b, one 16 × 8 × 32 step of a warp on the FP8 tensor cores (mma.m16n8k32, e4m3 operands,
 // fp32 accumulation in the tensor core's reduced precision): deepseek-tc's decode products. The
 // fragments are mma_i8's, four e4m3 codes per word.

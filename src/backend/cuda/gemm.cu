@@ -41,8 +41,8 @@
 //
 // deepseek-tc leaves these kernels for the tensor cores where it can: many rows through cuBLASLt
 // (gemm_tc.cu), the routed FP4 experts of many rows on the FP8 mma (gemm_experts_tc.cu), and the
-// quantized FP8 products of a few rows (decode) on mma.sync (gemv_tc.cu), whose weights stream
-// with no per-code integer work.
+// quantized FP8 products and the routed FP4 experts of a few rows (decode) on mma.sync (gemv_tc.cu),
+// with little or no per-code integer work.
 #include <cuda_fp8.h>
 
 #include <algorithm>
@@ -589,15 +589,16 @@ void CudaBackend::gemm(const GemmRequest& r) {
   // deepseek-tc: the routed FP4 experts of many rows on the FP8 tensor cores, from the activations'
   // e4m3 codes (gemm_experts_tc.cu).
   const bool tc_experts = numerics() == Numerics::deepseek_tc && tiled && dmma && fits_tensor_core_experts(r);
-  // deepseek-tc: the FP8 products of a few token rows on the FP8 tensor cores' mma.sync (gemv_tc.cu).
-  const bool tc_few = numerics() == Numerics::deepseek_tc && tiled && !tensor_cores && tc_gemv_handles(r);
+  // deepseek-tc: the FP8 products of a few token rows, and the routed FP4 experts of a few rows, on
+  // the tensor cores' mma.sync (gemv_tc.cu).
+  const bool tc_few = numerics() == Numerics::deepseek_tc && tiled && !tensor_cores && !dmma && tc_gemv_handles(r);
   const bool round_out = deepseek() && r.compute != Compute::f32;
   const int64_t n_src = r.source_rows(), n_k128 = (K + 127) / 128;
   // One scratch buffer, in parts that are live together: the quantized activations, their scales
   // (written in every form; the bf16 one has them folded in) and the grouping of rows by expert of
   // the tensor-core kernels (int32, as wide as a float). FP4 weights on the exact paths read the
   // activations as integer byte planes (see the top), on either kernel.
-  const bool planes = tiled && W.format == kFp4 && !tc_experts;
+  const bool planes = tiled && W.format == kFp4 && !tc_experts && !tc_few;
   const QuantizedForm form = planes                       ? QuantizedForm::planes
                              : tc_experts   ? QuantizedForm::fragment_codes
                              : tensor_cores || tc_few ? QuantizedForm::codes

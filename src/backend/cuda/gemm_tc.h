@@ -75,13 +75,14 @@ class TensorCoreGemm {
   std::unordered_map<const void*, float*> scales_;  // device weight scales → their fp32 copy
 };
 
-// deepseek-tc's quantized FP8 products of fewer than TensorCoreGemm::kMinRows token rows (decode),
-// on the FP8 tensor cores' mma.sync (gemv_tc.cu): the operands and the per-128 promotion of the
-// cuBLASLt path. Whether it takes r: one FP8 matrix (no expert table), K a multiple of 128, row0 a
-// multiple of 16.
+// deepseek-tc's quantized products of a few token rows (decode) on the tensor cores' mma.sync
+// (gemv_tc.cu), with the per-128 promotion of the cuBLASLt path: FP8 products of fewer than
+// TensorCoreGemm::kMinRows rows on the FP8 mma, and the routed FP4 experts of rows too few for the
+// grouped kernel on the f16 mma. Whether it takes r: one FP8 matrix, K a multiple of 128, row0 a
+// multiple of 16; or an FP4 expert table with E8M0 scales, K a multiple of 512, row0 0.
 bool tc_gemv_handles(const GemmRequest& r);
-// y[t, 0 : rows) = bf16(x_codes[t / x_div] · W[row0 : row0+rows]ᵀ), x_scales in act_quant's per-K-block
-// layout [K/128][source rows]. Requires tc_gemv_handles(r).
+// y[t, 0 : rows) = bf16(x_codes[t / x_div] · W_tᵀ[row0 : row0+rows]) with W_t = W or the table's view,
+// x_scales in act_quant's per-K-block layout [K/128][source rows]. Requires tc_gemv_handles(r).
 void tc_gemv(const GemmRequest& r, const uint8_t* x_codes, const float* x_scales, int sm_count, cudaStream_t stream);
 
 }  // namespace dsv4::cuda

@@ -14,6 +14,19 @@
 // in one 128-row scale block (row0 and the tile start are multiples of 16). The S warps of a tile
 // split its K blocks (warp s takes s, s + S, …), and their sums are added in warp order in shared
 // memory, then rounded to bf16.
+//
+// The routed FP4 experts of a few rows (decode; each (token, slot) row through its own expert's
+// matrix, GemmRequest.table) take the same split on the f16 tensor cores, where the exact kernel
+// spends about 5 integer instructions on every code (ncu: 8.9 M per 27 MB launch, 23.6 µs). A
+// lane's 16 bytes of a row are 32 codes, one 32-block under one scale. Eight codes become f16 in
+// seven integer operations and four conversions: an e2m1 code's bits placed in an e4m3 are its
+// value · 2^-6 exactly, and e4m3 pairs convert to f16 in hardware. The block's scale is folded in
+// relative to the row's largest (× 2^(6 − k) for a block 2^k below it: exact in f16 down to
+// k = 23; blocks further below, whose products are under 2^-24 of the row's largest, are dropped),
+// so an mma's 16 K may mix four lanes' blocks and the loads stay 16 bytes wide. The activations
+// are their e4m3 codes (exact in f16); each 128-block's partial is scaled by its activation scale,
+// as above, and the row's largest weight scale multiplies the sum. One token per row: every lane
+// loads it, so all 8 columns of the mma's B repeat it and column 0 is read.
 #include <cuda_runtime.h>
 
 #include "backend/cuda/device_math.cuh"
@@ -35,6 +48,9 @@ struct TcGemvArgs {
   float* y;
   int64_t y_stride, row0, rows;
   int split;          // S: warps per tile
+  const LinearView* table;  // the routed experts: row m's matrix is table[view_of_row[m]]
+  const int32_t* view_of_row;
+  int64_t n_views;
 };
 
 // One K block of 128 for the lane: its two rows' and its token's 16-byte words of both 64s.
@@ -116,15 +132,149 @@ __global__ void __launch_bounds__(kWarps * 32) tc_gemv_kernel(TcGemvArgs a) {
   }
 }
 
+// The e4m3 bytes of the even (each byte's low nibble) or odd FP4 codes of a word of 8: the sign to
+// bit 7, exponent and mantissa to bits 4…2, which makes each the code's value · 2^-6.
+template <bool kOdd>
+__device__ __forceinline__ uint32_t e2m1_as_e4m3(uint32_t w) {
+  return kOdd ? (w & 0x80808080u) | ((w >> 2) & 0x1c1c1c1cu) : ((w << 4) & 0x80808080u) | ((w << 2) & 0x1c1c1c1cu);
+}
+
+// Two e4m3 codes of a word (bytes 0, 1, or 2, 3 when high) as f16x2, exactly. (The halves taken by
+// a move to 16-bit registers, which the conversion reads in place; a shift cost an instruction.)
+__device__ __forceinline__ uint32_t e4m3x2_as_f16x2(uint32_t w, bool high) {
+  uint32_t d;
+  if (high) asm("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.rn.f16x2.e4m3x2 %0, hi; }" : "=r"(d) : "r"(w));
+  else asm("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.rn.f16x2.e4m3x2 %0, lo; }" : "=r"(d) : "r"(w));
+  return d;
+}
+
+__device__ __forceinline__ uint32_t mul_f16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));  // subnormals kept
+  return d;
+}
+
+// f16x2 of 2^(6 − k), the factor of a block 2^k below its row's largest scale, applied to codes
+// placed as value · 2^-6; 0 (the block dropped) below 2^-23, where value · 2^-k would not be exact.
+__device__ __forceinline__ uint32_t block_factor(int k) {
+  const int e = 6 - k;
+  const uint32_t h = k > 23 ? 0u : e >= -14 ? uint32_t(e + 15) << 10 : 1u << (e + 24);
+  return h | h << 16;
+}
+
+// The largest E8M0 exponent of a row's n 32-block scales (16-byte loads: n a multiple of 16), over
+// the lane's quad (t = lane % 4), which must all call it.
+__device__ __forceinline__ int row_top_exponent(const uint8_t* scales, int64_t n, int t) {
+  uint32_t m = 0;
+  for (int64_t j = 16 * t; j < n; j += 64) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(scales + j));
+    m = __vmaxu4(m, __vmaxu4(__vmaxu4(v.x, v.y), __vmaxu4(v.z, v.w)));
+  }
+  m = __vmaxu4(m, m >> 16);
+  m = __vmaxu4(m, m >> 8) & 0xffu;
+  m = max(m, __shfl_xor_sync(kFullMask, m, 1));
+  return int(max(m, __shfl_xor_sync(kFullMask, m, 2)));
+}
+
+// One K block of 128 for the lane: 16 bytes (32 codes) of each of its rows g, g + 8, their 32-block
+// scales, its 32 activation codes and the block's activation scale.
+struct Fp4BlockWords {
+  uint4 w[2], x[2];
+  uint32_t scale[2];
+  float sx;
+};
+
+// Grid (tile groups of kWarps / S tiles, routed rows); see the top.
+__global__ void __launch_bounds__(kWarps * 32) tc_gemv_fp4_kernel(TcGemvArgs a) {
+  __shared__ float sums[kWarps][32][2];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int S = a.split, tiles_per_block = kWarps / S, tile = blockIdx.x * tiles_per_block + warp / S, s = warp % S;
+  const int64_t r_base = int64_t(tile) * kTileRows, m = blockIdx.y;
+  await_previous_kernel();  // the routing comes from the kernels before
+  const int32_t v = a.view_of_row[m];
+  if (v < 0 || v >= a.n_views) {  // no expert: contributes nothing (as on the CPU)
+    const int64_t first = int64_t(blockIdx.x) * tiles_per_block * kTileRows;
+    for (int64_t r = first + threadIdx.x; r < min(a.rows, first + tiles_per_block * kTileRows); r += blockDim.x)
+      a.y[m * a.y_stride + r] = 0.0f;
+    return;
+  }
+  const LinearView W = a.table[v];
+  const int64_t K = a.K, n_blocks = K / 128, last = a.rows - 1, src = m / a.x_div;
+  const int64_t rows[2] = {min(r_base + g, last), min(r_base + g + 8, last)};  // past the end: not written
+  const uint8_t* w_at[2];
+  const uint8_t* s_at[2];
+  int top[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    w_at[h] = W.data + rows[h] * (K / 2) + 16 * t;
+    s_at[h] = W.scale + rows[h] * W.scale_cols;  // E8M0 bytes (tc_gemv_handles)
+    top[h] = row_top_exponent(s_at[h], K / 32, t);
+  }
+  const uint8_t* x = a.x + src * K + 32 * t;
+  auto load = [&](Fp4BlockWords& f, int64_t b) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      f.w[h] = __ldg(reinterpret_cast<const uint4*>(w_at[h] + 64 * b));
+      f.x[h] = __ldg(reinterpret_cast<const uint4*>(x + 128 * b + 16 * h));
+      f.scale[h] = s_at[h][4 * b + t];
+    }
+    f.sx = __ldg(a.sx + b * a.n_src + src);
+  };
+
+  float acc[2] = {};  // rows g, g + 8 (column 0; see the top)
+  Fp4BlockWords next;
+  if (s < n_blocks) load(next, s);
+  for (int64_t b = s; b < n_blocks; b += S) {
+    const Fp4BlockWords now = next;
+    if (b + S < n_blocks) load(next, b + S);
+    const uint32_t factor[2] = {block_factor(top[0] - int(now.scale[0])), block_factor(top[1] - int(now.scale[1]))};
+    const uint32_t xw[8] = {now.x[0].x, now.x[0].y, now.x[0].z, now.x[0].w, now.x[1].x, now.x[1].y, now.x[1].z, now.x[1].w};
+    const uint32_t ww[2][4] = {{now.w[0].x, now.w[0].y, now.w[0].z, now.w[0].w}, {now.w[1].x, now.w[1].y, now.w[1].z, now.w[1].w}};
+    float c[4] = {};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {  // codes 8q … 8q + 7 of the lane's 32: the even ones, then the odd
+      const uint32_t wg = ww[0][q], wh = ww[1][q];
+#pragma unroll
+      for (int odd = 0; odd < 2; ++odd) {
+        const uint32_t cg = odd ? e2m1_as_e4m3<true>(wg) : e2m1_as_e4m3<false>(wg);
+        const uint32_t ch = odd ? e2m1_as_e4m3<true>(wh) : e2m1_as_e4m3<false>(wh);
+        const uint32_t cx = __byte_perm(xw[2 * q], xw[2 * q + 1], odd ? 0x7531 : 0x6420);  // the same codes of x
+        const uint32_t A[4] = {mul_f16x2(e4m3x2_as_f16x2(cg, false), factor[0]),
+                               mul_f16x2(e4m3x2_as_f16x2(ch, false), factor[1]),
+                               mul_f16x2(e4m3x2_as_f16x2(cg, true), factor[0]),
+                               mul_f16x2(e4m3x2_as_f16x2(ch, true), factor[1])};
+        mma_f16(c, A, e4m3x2_as_f16x2(cx, false), e4m3x2_as_f16x2(cx, true));
+      }
+    }
+    acc[0] += c[0] * now.sx;  // §5: the block's partial · s_x
+    acc[1] += c[2] * now.sx;
+  }
+  sums[warp][lane][0] = acc[0];
+  sums[warp][lane][1] = acc[1];
+  __syncthreads();
+  if (s != 0 || t != 0) return;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = 0.0f;
+    for (int q = 0; q < S; ++q) sum += sums[warp + q][lane][h];
+    const int64_t row = r_base + g + 8 * h;
+    if (row < a.rows) a.y[m * a.y_stride + row] = round_bf16(sum * e8m0_to_f32(uint8_t(top[h])));
+  }
+}
+
 }  // namespace
 
 bool tc_gemv_handles(const GemmRequest& r) {
-  return !r.table && r.W.format == kFp8 && r.T < TensorCoreGemm::kMinRows && r.W.in % 128 == 0 &&
+  if (r.table)  // routed FP4 experts: E8M0 scales, rows of whole 16-byte scale loads (K % 512)
+    return r.W.format == kFp4 && !r.W.scale_is_f32 && r.W.in % 512 == 0 && r.row0 == 0 && r.rows > 0 &&
+           r.T < 65536;
+  return r.W.format == kFp8 && r.T < TensorCoreGemm::kMinRows && r.W.in % 128 == 0 &&
          r.row0 % kTileRows == 0 && r.rows > 0;
 }
 
 void tc_gemv(const GemmRequest& r, const uint8_t* x_codes, const float* x_scales, int sm_count, cudaStream_t stream) {
-  const int64_t tiles = (r.rows + kTileRows - 1) / kTileRows, groups = (r.T + kTokens - 1) / kTokens;
+  // Token groups of kTokens; with a table every row is its own group (its own matrix).
+  const int64_t tiles = (r.rows + kTileRows - 1) / kTileRows, groups = r.table ? r.T : (r.T + kTokens - 1) / kTokens;
   const int64_t n_blocks = r.W.in / 128;
   // S: the fewest warps per tile that give every SM 16 warps, while each keeps a K block.
   int split = 1;
@@ -135,7 +285,9 @@ void tc_gemv(const GemmRequest& r, const uint8_t* x_codes, const float* x_scales
   TcGemvArgs a{};
   a.W = r.W, a.x = x_codes, a.sx = x_scales, a.n_src = r.source_rows(), a.x_div = r.x_div, a.K = r.W.in, a.T = r.T;
   a.y = r.y, a.y_stride = r.y_stride, a.row0 = r.row0, a.rows = r.rows, a.split = split;
-  launch(tc_gemv_kernel, dim3(unsigned(tile_groups), unsigned(groups)), kWarps * 32, 0, stream, a);
+  a.table = r.table, a.view_of_row = r.view_of_row, a.n_views = r.n_views;
+  launch(r.table ? tc_gemv_fp4_kernel : tc_gemv_kernel, dim3(unsigned(tile_groups), unsigned(groups)), kWarps * 32, 0,
+         stream, a);
   DSV4_CUDA_LAUNCHED("tc_gemv");
 }
 

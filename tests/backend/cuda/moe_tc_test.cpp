@@ -6,9 +6,10 @@
 // the down product, that element moves by one e4m3 step (up to 1/8 of it). So over the whole output
 // the relative error stays below 1e-2, and no element is off by more than its own bf16 rounding
 // plus a quarter of the output's RMS (a wrong operand layout, scale or row misses by about the RMS
-// everywhere it reaches). Small K often sums exactly in fp32 as well; the case without a shared
+// everywhere it reaches). Small K often sums exactly in fp32 as well; the cases without a shared
 // expert and with K = 512 must differ somewhere, which shows the tensor cores ran. Too few rows
-// per expert keep the routed experts on the exact kernels: bit for bit.
+// per expert take the decode kernels: with K a multiple of 512 the f16 mma (gemv_tc.cu, the same
+// bound), else the exact kernel, bit for bit.
 #include <algorithm>
 
 #include "moe_case.h"
@@ -47,9 +48,13 @@ TEST(CudaTensorCores, RoutedExpertsWithinTheRoundingBound) {
       {{70, 33, 96, 64, 3, true, false, 0.5}, tensor_cores},    // a hash layer, partial tiles, K of 3 blocks
       {{300, 16, 512, 384, 6, false, false, 10.0}, tensor_cores_differ},  // output rows past one 128-tile
       {{300, 16, 512, 384, 6, false, false, 10.0}, tensor_cores, true},   // blocks dropped and at the edge
-      // 30 rows for 256 experts (decode-like); no shared expert: its FP8 products of 5 rows run on
-      // mma.sync (gemv_tc.cu, tested in gemm_tc_test)
+      // 30 rows for 256 experts (decode-like) with K below the f16 mma path's 512: the exact kernel;
+      // no shared expert: its FP8 products of 5 rows run on mma.sync (gemv_tc.cu, tested in gemm_tc_test)
       {{5, 256, 128, 64, 6, false, false, 10.0}, exact},
+      // decode-like with K of 512 and 1024: the routed experts of few rows on the f16 mma (gemv_tc.cu)
+      {{5, 64, 512, 512, 6, false, false, 10.0}, tensor_cores_differ},
+      {{5, 64, 512, 512, 6, false, false, 10.0}, tensor_cores, true},  // blocks 2^-26 and 2^-40 below: dropped
+      {{2, 40, 1024, 512, 4, true, true, 0.5}, tensor_cores},          // a hash layer and a shared expert
   };
   for (const auto& [c, path, wide_scales] : cases) {
     MoeInputs in(c, vocab);
