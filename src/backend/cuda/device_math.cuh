@@ -53,6 +53,15 @@ __device__ inline void store4(float* row, int64_t d0, int64_t D, bool whole, con
   }
 }
 
+// Word k (0…3) of a 16-byte load.
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int k) { return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w; }
+
+// The largest of a word's four bytes (unsigned): of four E8M0 exponents, say.
+__device__ __forceinline__ uint32_t largest_byte(uint32_t w) {
+  w = __vmaxu4(w, w >> 16);
+  return __vmaxu4(w, w >> 8) & 0xffu;
+}
+
 // ---- warp and block reductions (every lane / thread gets the result) -------------------------
 
 __device__ inline double warp_sum(double v) {

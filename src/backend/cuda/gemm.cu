@@ -168,8 +168,6 @@ struct GemmArgs {
   int64_t n_tiles;    // quantized: K tiles per row
 };
 
-__device__ inline uint32_t word_of(const uint4& v, int k) { return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w; }
-
 // The E elements of x (one activation row) that chunk c of a weight row meets: 16-byte loads when
 // they lie inside the row, else one by one with zeros past K or for an absent chunk. (One branch
 // per chunk: a branch and 64-bit address arithmetic per 4 elements were a tenth of the FP8 loop.)

@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int i = 0; i < kBatch; ++i)
         if (w0 + 2 * i < n_kb) table[w0 + 2 * i] = v[i], top = __vmaxu4(top, v[i]);
     }
-    row_top[half][r] = int(max(max(top & 0xFF, top >> 8 & 0xFF), max(top >> 16 & 0xFF, top >> 24)));
+    row_top[half][r] = int(largest_byte(top));
   } else {  // the rest, one per token row: its activation scales of every K block (zeros for none)
     const int t = tid - 2 * kBN;
     const int64_t src = src_of[t];

@@ -170,8 +170,7 @@ __device__ __forceinline__ int row_top_exponent(const uint8_t* scales, int64_t n
     const uint4 v = __ldg(reinterpret_cast<const uint4*>(scales + j));
     m = __vmaxu4(m, __vmaxu4(__vmaxu4(v.x, v.y), __vmaxu4(v.z, v.w)));
   }
-  m = __vmaxu4(m, m >> 16);
-  m = __vmaxu4(m, m >> 8) & 0xffu;
+  m = largest_byte(m);
   m = max(m, __shfl_xor_sync(kFullMask, m, 1));
   return int(max(m, __shfl_xor_sync(kFullMask, m, 2)));
 }
@@ -228,17 +227,16 @@ __global__ void __launch_bounds__(kWarps * 32) tc_gemv_fp4_kernel(TcGemvArgs a) 
     const Fp4BlockWords now = next;
     if (b + S < n_blocks) load(next, b + S);
     const uint32_t factor[2] = {block_factor(top[0] - int(now.scale[0])), block_factor(top[1] - int(now.scale[1]))};
-    const uint32_t xw[8] = {now.x[0].x, now.x[0].y, now.x[0].z, now.x[0].w, now.x[1].x, now.x[1].y, now.x[1].z, now.x[1].w};
-    const uint32_t ww[2][4] = {{now.w[0].x, now.w[0].y, now.w[0].z, now.w[0].w}, {now.w[1].x, now.w[1].y, now.w[1].z, now.w[1].w}};
     float c[4] = {};
 #pragma unroll
     for (int q = 0; q < 4; ++q) {  // codes 8q … 8q + 7 of the lane's 32: the even ones, then the odd
-      const uint32_t wg = ww[0][q], wh = ww[1][q];
+      const uint32_t wg = word_of(now.w[0], q), wh = word_of(now.w[1], q);
+      const uint32_t x_lo = word_of(now.x[q / 2], 2 * (q % 2)), x_hi = word_of(now.x[q / 2], 2 * (q % 2) + 1);
 #pragma unroll
       for (int odd = 0; odd < 2; ++odd) {
         const uint32_t cg = odd ? e2m1_as_e4m3<true>(wg) : e2m1_as_e4m3<false>(wg);
         const uint32_t ch = odd ? e2m1_as_e4m3<true>(wh) : e2m1_as_e4m3<false>(wh);
-        const uint32_t cx = __byte_perm(xw[2 * q], xw[2 * q + 1], odd ? 0x7531 : 0x6420);  // the same codes of x
+        const uint32_t cx = __byte_perm(x_lo, x_hi, odd ? 0x7531 : 0x6420);  // the same codes of x
         const uint32_t A[4] = {mul_f16x2(e4m3x2_as_f16x2(cg, false), factor[0]),
                                mul_f16x2(e4m3x2_as_f16x2(ch, false), factor[1]),
                                mul_f16x2(e4m3x2_as_f16x2(cg, true), factor[0]),
@@ -266,8 +264,7 @@ __global__ void __launch_bounds__(kWarps * 32) tc_gemv_fp4_kernel(TcGemvArgs a) 
 
 bool tc_gemv_handles(const GemmRequest& r) {
   if (r.table)  // routed FP4 experts: E8M0 scales, rows of whole 16-byte scale loads (K % 512)
-    return r.W.format == kFp4 && !r.W.scale_is_f32 && r.W.in % 512 == 0 && r.row0 == 0 && r.rows > 0 &&
-           r.T < 65536;
+    return r.W.format == kFp4 && !r.W.scale_is_f32 && r.W.in % 512 == 0 && r.row0 == 0 && r.rows > 0;
   return r.W.format == kFp8 && r.T < TensorCoreGemm::kMinRows && r.W.in % 128 == 0 &&
          r.row0 % kTileRows == 0 && r.rows > 0;
 }
