@@ -98,7 +98,26 @@ class Backend {
   virtual void to_host(float* host_dst, const float* src, size_t n_floats) = 0;
   // Synchronous, like to_host: the caller may free host_src as soon as this returns.
   virtual void from_host(float* dst, const float* host_src, size_t n_floats) = 0;
+  // Like from_host, in stream order with the ops: the caller may free host_src on return.
   virtual void ids_from_host(int32_t* dst, const int32_t* host_src, size_t n) = 0;
+
+  // ---- captured steps -------------------------------------------------------------------------
+  // A device backend may record the ops of a step of `rows` token rows and launch them at once
+  // (CUDA graphs: launching a decode step's few hundred kernels one by one costs the host more
+  // than the GPU takes to run them). Between begin_capture and end_capture(true), which runs what
+  // was recorded, ops queue work as usual but nothing may be read back (to_host) and nothing
+  // allocated may outlive the step but its results; end_capture(false), for an error inside the
+  // step, drops the recording and never throws. begin_capture returns whether it records; the
+  // CPU backend never does.
+  virtual bool begin_capture(int64_t rows) {
+    (void)rows;
+    return false;
+  }
+  virtual void end_capture(bool run) { (void)run; }
+  struct CaptureStats {
+    int64_t launched = 0, instantiated = 0;  // steps run as graphs; graphs made for them
+  };
+  virtual CaptureStats capture_stats() const { return {}; }
 
   // ---- ops --------------------------------------------------------------------------------------
   // X[t, h, :] = embed[tokens[t]] for every stream h (§3.1).

@@ -374,6 +374,7 @@ int run_bench(BenchOptions o) {
       // --profile: the CUDA backend's per-op table covers decode at the largest context only.
       if (o.profile && n == *std::max_element(contexts.begin(), contexts.end())) setenv("DSV4_CUDA_PROFILE", "1", 1);
       const double wait0 = eng.backend().host_wait_seconds();
+      const Backend::CaptureStats graphs0 = eng.backend().capture_stats();
       t0 = std::chrono::steady_clock::now();
       for (int64_t i = 0; i < o.decode_tokens; ++i) {
         std::vector<engine::Step> steps;
@@ -383,6 +384,9 @@ int run_bench(BenchOptions o) {
       }
       const double decode_s = seconds_since(t0);
       const double wait_s = eng.backend().host_wait_seconds() - wait0;
+      // Steps run as CUDA graphs, and the executable graphs made for them (the others were updated).
+      const int64_t graph_steps = eng.backend().capture_stats().launched - graphs0.launched;
+      const int64_t graph_instantiations = eng.backend().capture_stats().instantiated - graphs0.instantiated;
       const double steps_per_s = double(o.decode_tokens) / decode_s;
       decode_tps = double(o.batch) * steps_per_s;
       bw = cost.bytes * steps_per_s;  // the weights are read once per step
@@ -391,13 +395,16 @@ int run_bench(BenchOptions o) {
               {"weight_bytes_per_token", cost.bytes}, {"bytes_per_s", bw}, {"hbm_bytes_per_s", o.hbm_bytes_per_s},
               {"hbm_fraction", bw / o.hbm_bytes_per_s}, {"state_bytes", seq.bytes()},
               {"state_bytes_all_layers", full_plan.state_bytes(n + o.decode_tokens)},
-              {"all_layers", full_config.n_layers}, {"host_wait_s", wait_s}});
+              {"all_layers", full_config.n_layers}, {"host_wait_s", wait_s}, {"graph_steps", graph_steps},
+              {"graph_instantiations", graph_instantiations}});
       // A step takes the host's queueing, then what the device has left (the wait): with little
       // wait the host bounds the step, and faster kernels do not show.
       if (wait_s > 0)
-        fmt::print(stderr, "decode at {}: {:.2f} ms per step, the host busy {:.2f} ms and waiting for the device {:.2f}\n",
+        fmt::print(stderr,
+                   "decode at {}: {:.2f} ms per step, the host busy {:.2f} ms and waiting for the device {:.2f}; {} of "
+                   "{} steps as CUDA graphs, {} made\n",
                    n, 1e3 / steps_per_s, 1e3 * (decode_s - wait_s) / double(o.decode_tokens),
-                   1e3 * wait_s / double(o.decode_tokens));
+                   1e3 * wait_s / double(o.decode_tokens), graph_steps, o.decode_tokens, graph_instantiations);
       if (o.speculative) {
         engine::SequenceState start = eng.new_sequence();
         start.restore(*before);

@@ -8,6 +8,7 @@
 // e_proj, so every op runs on [positions · hc] rows; equal rows give equal results, so this is the
 // reference's single row broadcast after e_proj.
 #include "core/error.h"
+#include "engine/captured_step.h"
 #include "engine/engine.h"
 
 namespace dsv4::engine {
@@ -48,6 +49,7 @@ std::vector<std::vector<float>> Engine::draft_batch(std::span<const DraftStep> s
     after.push_back(s.next);
   }
   const int64_t T = int64_t(after.size()), rows = T * hc;
+  CapturedStep captured(b, rows, true);
   IdBuffer ids(b, size_t(T));
   b.ids_from_host(ids.get(), after.data(), size_t(T));
   Buffer hidden(b, steps.size() > 1 ? size_t(rows * D) : 0);  // one sequence's rows are used in place
@@ -66,11 +68,13 @@ std::vector<std::vector<float>> Engine::draft_batch(std::span<const DraftStep> s
 
   attention_sublayer(mtp.block, segments, T, X.get(), nullptr);
   moe_sublayer(mtp.block, ids.get(), T, X.get(), nullptr);
-  for (const DraftStep& s : steps) s.seq->draft->n_past += s.seq->draft->pending(), s.seq->draft->clear_pending();
-
   std::vector<LogitRows> wants;
   for (const DraftStep& s : steps) wants.push_back(s.logits);
-  return segment_logits(segments, wants, X.get(), mtp.hc_head, mtp.norm, nullptr, "mtp.y", "mtp.logits");
+  const DeviceLogits logits = segment_logits(segments, wants, X.get(), mtp.hc_head, mtp.norm, nullptr, "mtp.y",
+                                             "mtp.logits");
+  captured.run();
+  for (const DraftStep& s : steps) s.seq->draft->n_past += s.seq->draft->pending(), s.seq->draft->clear_pending();
+  return read_logits(logits);
 }
 
 }  // namespace dsv4::engine

@@ -125,11 +125,16 @@ class Engine {
   void keep_for_draft(SequenceState& seq, const float* X, std::span<const int32_t> tokens);
   // The logits each segment asks for (none, its last row, all its rows) from the batch's final hc
   // rows X ([T, hc, D]): HC head, norm and LM head, with the model's HC head and norm or the MTP
-  // block's, run once over the rows wanted; traced under the two names given.
-  std::vector<std::vector<float>> segment_logits(std::span<const Segment> segments, std::span<const LogitRows> wants,
-                                                 const float* X, const model::HcParams& hc_head,
-                                                 const std::vector<float>& norm, const Tracer* tracer,
-                                                 const char* y_name, const char* logits_name);
+  // block's, run once over the rows wanted; traced under the two names given. They stay on the
+  // device (a captured step ends before they are read) until read_logits.
+  struct DeviceLogits {
+    Buffer rows;                // [Σ n_of, vocab]
+    std::vector<int64_t> n_of;  // rows of each segment
+  };
+  DeviceLogits segment_logits(std::span<const Segment> segments, std::span<const LogitRows> wants, const float* X,
+                              const model::HcParams& hc_head, const std::vector<float>& norm, const Tracer* tracer,
+                              const char* y_name, const char* logits_name);
+  std::vector<std::vector<float>> read_logits(const DeviceLogits& logits);
 
   // Every sublayer is wrapped the same way (§3.2): mHC pre collapses the hc streams into the
   // normalised sublayer input x; mHC post mixes the sublayer output back into the streams.

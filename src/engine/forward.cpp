@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "engine/captured_step.h"
 #include "engine/engine.h"
 
 namespace dsv4::engine {
@@ -65,7 +66,10 @@ std::vector<std::vector<float>> Engine::forward_batch(std::span<const Step> step
     all_tokens.insert(all_tokens.end(), s.tokens.begin(), s.tokens.end());
   }
   const int64_t T = int64_t(all_tokens.size());
+  // The state grows here, outside the captured step: nothing allocated inside may outlive it.
+  for (const Step& s : steps) s.seq->reserve(s.seq->n_past + int64_t(s.tokens.size()));
 
+  CapturedStep captured(b, T, tracer == nullptr);
   IdBuffer ids(b, size_t(T));
   b.ids_from_host(ids.get(), all_tokens.data(), size_t(T));
   Buffer X(b, size_t(T * hc * D));
@@ -75,50 +79,55 @@ std::vector<std::vector<float>> Engine::forward_batch(std::span<const Step> step
     attention_sublayer(lw, segments, T, X.get(), tracer);
     moe_sublayer(lw, ids.get(), T, X.get(), tracer);
   }
+  std::vector<LogitRows> wants;
+  for (const Step& s : steps) wants.push_back(s.logits);
+  const DeviceLogits logits = segment_logits(segments, wants, X.get(), w.hc_head, w.norm, tracer, "final.y", "logits");
+  captured.run();
+
   for (const Segment& s : segments)
     if (s.seq->draft)
       keep_for_draft(*s.seq, X.get() + s.row0 * hc * D, std::span<const int32_t>(all_tokens).subspan(size_t(s.row0), size_t(s.n)));
-
-  std::vector<LogitRows> wants;
-  for (const Step& s : steps) wants.push_back(s.logits);
-  std::vector<std::vector<float>> out =
-      segment_logits(segments, wants, X.get(), w.hc_head, w.norm, tracer, "final.y", "logits");
   for (const Step& s : steps) s.seq->n_past += int64_t(s.tokens.size());
-  return out;
+  return read_logits(logits);
 }
 
-std::vector<std::vector<float>> Engine::segment_logits(std::span<const Segment> segments,
-                                                       std::span<const LogitRows> wants, const float* X,
-                                                       const model::HcParams& hc_head, const std::vector<float>& norm,
-                                                       const Tracer* tracer, const char* y_name,
-                                                       const char* logits_name) {
+Engine::DeviceLogits Engine::segment_logits(std::span<const Segment> segments, std::span<const LogitRows> wants,
+                                            const float* X, const model::HcParams& hc_head,
+                                            const std::vector<float>& norm, const Tracer* tracer, const char* y_name,
+                                            const char* logits_name) {
   const model::ModelConfig& c = config();
   const int64_t D = c.hidden_size, hc = c.hc_mult, V = c.vocab_size;
   Backend& b = *backend_;
   // Only the rows asked for: the head is the largest matrix of the model. They are gathered first
   // so the head runs once.
-  std::vector<int64_t> n_out_of(segments.size(), 0);
+  DeviceLogits out{Buffer(), std::vector<int64_t>(segments.size(), 0)};
   int64_t n_out = 0;
   for (size_t i = 0; i < segments.size(); ++i) {
-    n_out_of[i] = wants[i] == LogitRows::all ? segments[i].n : wants[i] == LogitRows::last ? 1 : 0;
-    n_out += n_out_of[i];
+    out.n_of[i] = wants[i] == LogitRows::all ? segments[i].n : wants[i] == LogitRows::last ? 1 : 0;
+    n_out += out.n_of[i];
   }
-  std::vector<std::vector<float>> out(segments.size());
   if (n_out == 0) return out;
   Buffer X_out(b, size_t(n_out * hc * D));
-  for (size_t i = 0, row = 0; i < segments.size(); row += size_t(n_out_of[i]), ++i) {
-    const int64_t first = segments[i].row0 + segments[i].n - n_out_of[i];
-    b.copy(X_out.get() + int64_t(row) * hc * D, X + first * hc * D, size_t(n_out_of[i] * hc * D));
+  for (size_t i = 0, row = 0; i < segments.size(); row += size_t(out.n_of[i]), ++i) {
+    const int64_t first = segments[i].row0 + segments[i].n - out.n_of[i];
+    b.copy(X_out.get() + int64_t(row) * hc * D, X + first * hc * D, size_t(out.n_of[i] * hc * D));
   }
-  Buffer y(b, size_t(n_out * D)), z(b, size_t(n_out * D)), logits(b, size_t(n_out * V));
+  Buffer y(b, size_t(n_out * D)), z(b, size_t(n_out * D));
+  out.rows = Buffer(b, size_t(n_out * V));
   b.hc_head(hc_head, X_out.get(), n_out, hc, D, c.hc_eps, c.rms_norm_eps, y.get());
   trace(tracer, y_name, y.get(), {n_out, D});
   b.rms_norm(y.get(), norm.data(), n_out, D, c.rms_norm_eps, z.get());
-  b.linear(model_.weights().head, Compute::f32, z.get(), n_out, logits.get());
-  trace(tracer, logits_name, logits.get(), {n_out, V});
-  for (size_t i = 0, row = 0; i < segments.size(); row += size_t(n_out_of[i]), ++i) {
-    out[i].resize(size_t(n_out_of[i] * V));
-    if (n_out_of[i] > 0) b.to_host(out[i].data(), logits.get() + int64_t(row) * V, out[i].size());
+  b.linear(model_.weights().head, Compute::f32, z.get(), n_out, out.rows.get());
+  trace(tracer, logits_name, out.rows.get(), {n_out, V});
+  return out;
+}
+
+std::vector<std::vector<float>> Engine::read_logits(const DeviceLogits& logits) {
+  const int64_t V = config().vocab_size;
+  std::vector<std::vector<float>> out(logits.n_of.size());
+  for (size_t i = 0, row = 0; i < out.size(); row += size_t(logits.n_of[i]), ++i) {
+    out[i].resize(size_t(logits.n_of[i] * V));
+    if (logits.n_of[i] > 0) backend_->to_host(out[i].data(), logits.rows.get() + int64_t(row) * V, out[i].size());
   }
   return out;
 }

@@ -109,6 +109,14 @@ void SequenceState::reset() {
   if (draft) draft->n_past = 0, draft->clear_pending();
 }
 
+void SequenceState::reserve(int64_t n_tokens) {
+  for (size_t il = 0; il < layers.size(); ++il)
+    for_each_compressor(weights_.layers[il], layers[il],
+                        [&](const model::CompressorWeights& cw, CompressorState&, RowStore& rows) {
+                          rows.reserve(n_tokens / cw.ratio);
+                        });
+}
+
 UndoPoint SequenceState::undo_point(int64_t position) const {
   UndoPoint point;
   point.position = position;

@@ -31,6 +31,8 @@ class RowStore {
   void append(const float* rows, int64_t n);
   // Appends n rows already in the stored format.
   void append_stored(const float* stored, int64_t n);
+  // Makes room for `rows` rows, so that appends up to there allocate nothing.
+  void reserve(int64_t rows) { grow_to(rows); }
   // Grows to n rows by repeating the rows held so far cyclically (at least one).
   void repeat_to(int64_t n);
   void clear() { n_ = 0; }
@@ -120,6 +122,9 @@ class SequenceState {
                 StateLayout layout, bool drafts = false);
   // Back to an empty sequence (compressor carries to a = 0, s = −∞).
   void reset();
+  // Makes room for the compressed rows and indexer keys of n_tokens positions, so that running up
+  // to there allocates no state (a captured step may not: Backend::begin_capture).
+  void reserve(int64_t n_tokens);
   StateSnapshot snapshot() const;
   // Sets the sequence to n_tokens positions by repeating its compressed rows and indexer keys
   // (the ring and the carries stay): a state of the right size with the model's own rows, to time

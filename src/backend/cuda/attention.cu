@@ -550,9 +550,9 @@ void CudaBackend::few_query_attention(const AttnArgs& args, int64_t T) {
     while (value_rows > 8 * kValueSplit && value_blocks(value_cols, value_rows) < enough) value_rows /= 2;
   }
   const int64_t slices = ceil_div(n_max, value_rows);
-  DeviceArray<double> logit_sums(stream_, size_t(T * logit_parts * H * n_max));
-  DeviceArray<float> logits(stream_, size_t(T * H * n_max));
-  DeviceArray<double> den(stream_, size_t(T * H)), partial(stream_, size_t(T * slices * H * hd));
+  DeviceArray<double> logit_sums(memory_, size_t(T * logit_parts * H * n_max));
+  DeviceArray<float> logits(memory_, size_t(T * H * n_max));
+  DeviceArray<double> den(memory_, size_t(T * H)), partial(memory_, size_t(T * slices * H * hd));
   const DecodeArgs d{args,       int32_t(logit_parts), logit_split,   value_cols, value_rows,
                      slices,     logit_sums.get(),     logits.get(),  den.get(),  partial.get()};
   const size_t logit_smem = size_t(std::max(kLogitHeads * kLogitPitch, kAttnWarps * 32 * 32)) * sizeof(double);

@@ -309,11 +309,11 @@ bool fits_tensor_core_attention(const AttnArgs& a) {
 void CudaBackend::tensor_core_attention(const AttnArgs& a, int64_t T) {
   DSV4_CUDA_REQUIRE(fits_tensor_core_attention(a), "tensor-core attention: head dim ", a.hd, ", rows of kind ",
                     int(a.comp.format.kind));
-  DeviceArray<__nv_bfloat16> window(stream_, size_t(a.swa.n * a.hd));
+  DeviceArray<__nv_bfloat16> window(memory_, size_t(a.swa.n * a.hd));
   launch(window_bf16_kernel, grid_for(a.swa.n * a.hd, 256), 256, 0, stream_, a.swa.kv, a.swa.n * a.hd, window.get());
   DSV4_CUDA_LAUNCHED("attention (window as bf16)");
   const int64_t n_comp = a.comp.kv ? a.comp.n : 0;
-  DeviceArray<__nv_bfloat16> compressed(stream_, size_t(std::max<int64_t>(n_comp, 1) * a.hd));
+  DeviceArray<__nv_bfloat16> compressed(memory_, size_t(std::max<int64_t>(n_comp, 1) * a.hd));
   if (n_comp > 0) {
     launch(compact_bf16_kernel, grid_for(n_comp * (a.hd / 4), 256), 256, 0, stream_, a.comp.kv, a.comp.format, n_comp,
            compressed.get());

@@ -2,9 +2,10 @@
 // reference (src/backend/cpu) bit for bit (issue 4, first step: correct before fast).
 //
 // One .cu per op family, mirroring the CPU file names (gemm, norm, rope, quant, hc, attention,
-// compressor, indexer, moe, memory). All work runs in order on one stream owned by the backend;
-// the host waits only in to_host, from_host and ids_from_host (the caller may free its host
-// copy), the token-id check of embed, and the first use of an expert table.
+// compressor, indexer, moe, memory). All work runs in order on one stream owned by the backend
+// (stream_memory.h); the host waits only in to_host and in one-time work (weights uploaded on
+// first use, view tables). Kernels report bad input (an id outside the vocabulary, a row its
+// state format cannot hold) through mapped flags, raised as errors at the next to_host.
 //
 // Numerics follow the CPU's canonical arithmetic (cpu/quant.h): every sum accumulates in double
 // and is rounded once, exp/sqrt/rsqrt/sin/cos/sigmoid/silu/softplus are evaluated in double, and
@@ -28,6 +29,8 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/check.h"
+#include "backend/cuda/step_graphs.h"
+#include "backend/cuda/stream_memory.h"
 
 namespace dsv4::cuda {
 
@@ -42,9 +45,13 @@ struct LinearView {
   int64_t scale_cols = 0;
 };
 
-// One matrix product for the GEMM kernels: y[m] = x[m / x_div] · W_mᵀ over rows [row0, row0+rows)
-// for token rows m in [0, T). W_m is `W`, or table[view_of_row[m]] when a table is given (the
-// routed experts: one matrix per (token, slot) row; an out-of-range index yields 0).
+// Raised by kernels in mapped host memory (CudaBackend::flags_): `raised` is a set of the bits below.
+struct DeviceFlags {
+  int raised = 0;
+  int bad_token = 0;  // with kBadToken: one of the ids embed rejected
+};
+constexpr int kInexactRow = 1, kBadToken = 2;
+
 struct AttnArgs;  // one attention call's operands (attention_rows.cuh)
 class TensorCoreGemm;  // deepseek-tc's tensor-core products (gemm_tc.h)
 
@@ -54,6 +61,9 @@ class TensorCoreGemm;  // deepseek-tc's tensor-core products (gemm_tc.h)
 // weights (gemm_experts_tc.cu); integer byte planes (FP4 weights on the exact path).
 enum class QuantizedForm { values, codes, fragment_codes, planes };
 
+// One matrix product for the GEMM kernels: y[m] = x[m / x_div] · W_mᵀ over rows [row0, row0+rows)
+// for token rows m in [0, T). W_m is `W`, or table[view_of_row[m]] when a table is given (the
+// routed experts: one matrix per (token, slot) row; an out-of-range index yields 0).
 struct GemmRequest {
   LinearView W;
   const LinearView* table = nullptr;
@@ -73,61 +83,20 @@ struct GemmRequest {
   int64_t source_rows() const { return (T + x_div - 1) / x_div; }
 };
 
-// Stream-ordered scratch memory, freed (in stream order) when it goes out of scope.
-template <class T>
-class DeviceArray {
- public:
-  DeviceArray(cudaStream_t stream, size_t n) : stream_(stream) {
-    if (n) DSV4_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&p_), n * sizeof(T), stream_));
-  }
-  ~DeviceArray() {
-    if (p_) cudaFreeAsync(p_, stream_);  // cannot fail for a pointer we allocated on this stream
-  }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-  T* get() const { return p_; }
-
- private:
-  cudaStream_t stream_;
-  T* p_ = nullptr;
-};
-
-// Device memory kept between calls for reuse, grown on demand: a request for more than it holds
-// frees the old block (in stream order, after the work queued on it) and allocates at least twice
-// its size, zero-filled. Work in stream order can share it: one call's contents are dead when the
-// next is queued.
-class GrownBuffer {
- public:
-  GrownBuffer() = default;
-  ~GrownBuffer() {
-    if (p_) cudaFree(p_);  // at teardown: errors are dropped
-  }
-  GrownBuffer(const GrownBuffer&) = delete;
-  GrownBuffer& operator=(const GrownBuffer&) = delete;
-  // At least `bytes` bytes, 256-byte aligned.
-  void* get(cudaStream_t stream, size_t bytes) {
-    if (bytes > bytes_) {
-      if (p_) DSV4_CUDA_CHECK(cudaFreeAsync(p_, stream));
-      p_ = nullptr;
-      bytes_ = std::max(bytes, 2 * bytes_);
-      DSV4_CUDA_CHECK(cudaMallocAsync(&p_, bytes_, stream));
-      DSV4_CUDA_CHECK(cudaMemsetAsync(p_, 0, bytes_, stream));
-    }
-    return p_;
-  }
-
- private:
-  void* p_ = nullptr;
-  size_t bytes_ = 0;
-};
-
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(Numerics numerics);
   ~CudaBackend() override;
   std::string name() const override { return "cuda"; }
   size_t device_memory_free() const override;
-  double host_wait_seconds() const override { return host_wait_s_; }
+  double host_wait_seconds() const override { return memory_.host_wait_seconds(); }
+
+  // Decode steps of at most kMaxCapturedRows rows run as CUDA graphs (capture.cpp), unless
+  // DSV4_CUDA_GRAPHS=0 or the ops are being profiled (each op is then waited for).
+  static constexpr int64_t kMaxCapturedRows = 16;
+  bool begin_capture(int64_t rows) override;
+  void end_capture(bool run) override;
+  CaptureStats capture_stats() const override { return {graphs_.launched(), graphs_.instantiated()}; }
 
   float* alloc(size_t n_floats) override;
   void release(float* p) override;
@@ -180,6 +149,12 @@ class CudaBackend final : public Backend {
            int64_t D, int64_t k, double limit, float* out) override;
 
  private:
+  // First: the stream outlives every member that queues work or frees memory on it.
+  StreamMemory memory_;
+  cudaStream_t stream_ = memory_.stream();
+  StepGraphs graphs_;
+  bool graphs_enabled_ = true;
+
   bool deepseek() const { return quantizes(numerics()); }
 
   // ---- per-op GPU time (profile.cpp) ----
@@ -284,11 +259,9 @@ class CudaBackend final : public Backend {
   GrownBuffer topk_scratch_;
   std::unordered_map<const void*, int> shared_memory_kernels_;  // kernel → dynamic bytes allowed
 
-  cudaStream_t stream_ = nullptr;
-  // Waits for the stream's queued work, adding the time to host_wait_s_.
-  void synchronize();
-  double host_wait_s_ = 0;
-  int* pack_inexact_ = nullptr;  // mapped host flag: pack_rows met a value its format cannot hold
+  // What kernels report to the host without a wait (mapped host memory), read at the next to_host:
+  // pack_rows met a value its format cannot hold; embed met a token id outside the vocabulary.
+  DeviceFlags* flags_ = nullptr;
   std::unordered_map<const void*, std::pair<void*, size_t>> uploads_;  // host address → (device copy, bytes)
   std::map<std::pair<const void*, int64_t>, LinearView*> tables_;  // (&experts[0].w? or &W, groups) → views
 };

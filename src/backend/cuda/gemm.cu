@@ -533,11 +533,18 @@ __global__ void __launch_bounds__(kWarps * 32, kNT == 1 ? 3 : 0) linear_kernel(G
 // embed: grid (token, slice of kEmbedThreads of D), one element per thread, copied to every
 // stream. (One block per token striding over D took 11 µs per decoded token on an H200.)
 constexpr int kEmbedThreads = 256;
-__global__ void embed_kernel(LinearView table, const int32_t* tokens, int64_t hc, float* X) {
+// An id outside the table raises kBadToken (reported at the next to_host) and embeds zeros.
+__global__ void embed_kernel(LinearView table, const int32_t* tokens, int64_t hc, float* X, DeviceFlags* flags) {
   await_previous_kernel();
   const int64_t t = blockIdx.x, D = table.in, d = int64_t(blockIdx.y) * kEmbedThreads + threadIdx.x;
   if (d >= D) return;
-  const float v = dequantized(table, tokens[t], d);
+  const int32_t id = tokens[t];
+  const bool known = id >= 0 && id < table.out;
+  if (!known && d == 0) {
+    flags->bad_token = id;
+    atomicOr(&flags->raised, kBadToken);
+  }
+  const float v = known ? dequantized(table, id, d) : 0.0f;
   for (int64_t h = 0; h < hc; ++h) X[(t * hc + h) * D + d] = v;
 }
 
@@ -581,7 +588,7 @@ void CudaBackend::gemm(const GemmRequest& r) {
   const bool tensor_cores = tensor_cores_ && tensor_cores_->handles(r);
   if (tensor_cores && !tiled) {
     quantized_x_ = {};  // as after every product without quantization (below)
-    tensor_cores_->run_bf16(r, stream_);
+    tensor_cores_->run_bf16(r, memory_);
     return;
   }
   // deepseek-tc: the routed FP4 experts of many rows on the FP8 tensor cores, from the activations'
@@ -629,7 +636,7 @@ void CudaBackend::gemm(const GemmRequest& r) {
     P = std::clamp<int64_t>(2 * sm_count_ / (groups * row_blocks), 1, std::max<int64_t>(1, n_chunks / (32 * split)));
   const size_t n_parts = P > 1 ? size_t(2 * P * r.T * r.rows) : 0;  // doubles
   float* scratch =
-      static_cast<float*>(gemm_scratch_.get(stream_, (n_qx + n_sx + std::max(n_grouping, n_parts)) * sizeof(float)));
+      static_cast<float*>(gemm_scratch_.get(memory_, (n_qx + n_sx + std::max(n_grouping, n_parts)) * sizeof(float)));
   GemmRequest prepared = r;  // quantized: x becomes the e4m3 activations in scratch
   const float* sx = nullptr;
   const QuantizedX quantized = tiled ? QuantizedX{r.x, r.x_stride, n_src, K, form, scratch} : QuantizedX{};
@@ -730,22 +737,14 @@ void CudaBackend::grouped_linear(const model::Linear& W, Compute compute, const 
   gemm(r);
 }
 
-// Token ids are checked on the host (a copy of T ids): a kernel cannot raise the error the CPU
-// backend raises for an id outside the vocabulary.
+// Token ids are checked on the device, without a wait: an id outside the vocabulary is the error
+// of the next to_host (the CPU backend raises it at once; the engine checks ids before a step).
 void CudaBackend::embed(const model::Linear& table, const int32_t* tokens, int64_t T, int64_t hc, float* X) {
   Timed timed(*this, "embed");
   if (T == 0) return;
-  std::vector<int32_t> ids(static_cast<size_t>(T));
-  synchronize();  // the wait counted as such (see to_host)
-  DSV4_CUDA_CHECK(cudaMemcpyAsync(ids.data(), tokens, size_t(T) * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
-  synchronize();
-  for (int32_t id : ids)
-    if (id < 0 || id >= table.out)
-      fail_check(__FILE__, __LINE__, "tokens[t] in [0, vocab)",
-                 cat("token id ", id, " outside the vocabulary [0, ", table.out, ")"));
   DSV4_CUDA_REQUIRE(T < (int64_t(1) << 31) && table.in / kEmbedThreads < 65535, "embed: ", T, " tokens of ", table.in);
   launch(embed_kernel, dim3(unsigned(T), unsigned((table.in + kEmbedThreads - 1) / kEmbedThreads)), kEmbedThreads,
-         0, stream_, device_linear(table), tokens, hc, X);
+         0, stream_, device_linear(table), tokens, hc, X, flags_);
   DSV4_CUDA_LAUNCHED("embed");
 }
 

@@ -173,7 +173,8 @@ void TensorCoreGemm::run_quantized(const GemmRequest& r, const uint8_t* x_codes,
   multiply(r, p, W.data + r.row0 * K, x_codes, stream);
 }
 
-void TensorCoreGemm::run_bf16(const GemmRequest& r, cudaStream_t stream) {
+void TensorCoreGemm::run_bf16(const GemmRequest& r, StreamMemory& memory) {
+  const cudaStream_t stream = memory.stream();
   const LinearView& W = r.W;
   const int64_t K = W.in;
   Plan& p = plan_for(false, r.rows, r.T, K, r.y_stride);
@@ -181,7 +182,7 @@ void TensorCoreGemm::run_bf16(const GemmRequest& r, cudaStream_t stream) {
   // BF16 weights are read in place; FP8 ones are dequantized into the scratch with x.
   const bool copy_w = W.format != kBf16;
   const size_t w_elems = copy_w ? size_t(r.rows * K + 7) / 8 * 8 : 0;  // x stays 16-byte aligned
-  auto* scratch = static_cast<uint16_t*>(bf16_operands_.get(stream, (w_elems + size_t(r.T * K)) * sizeof(uint16_t)));
+  auto* scratch = static_cast<uint16_t*>(bf16_operands_.get(memory, (w_elems + size_t(r.T * K)) * sizeof(uint16_t)));
   const int64_t w_rows = copy_w ? r.rows : 0;
   launch(bf16_operands_kernel, unsigned(std::max(w_rows, r.T)), 256, 0, stream, W, r.row0, w_rows, r.x, r.x_stride,
          r.T, scratch, scratch + w_elems);

@@ -41,7 +41,7 @@ class TensorCoreGemm {
   // block's scale. x_codes: [T, K] e4m3 bytes. Requires handles(r).
   void run_quantized(const GemmRequest& r, const uint8_t* x_codes, const float* x_scales, cudaStream_t stream);
   // bf16: y[t, 0 : rows) = bf16(bf16(x[t]) · bf16(W[row0 : row0+rows])ᵀ). Requires handles(r).
-  void run_bf16(const GemmRequest& r, cudaStream_t stream);
+  void run_bf16(const GemmRequest& r, StreamMemory& memory);
 
   // Plans and scale copies made so far (the profiler leaves calls that made one out).
   size_t setups() const { return plans_.size() + scales_.size(); }

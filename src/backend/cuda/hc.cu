@@ -185,7 +185,7 @@ void CudaBackend::hc_pre(const model::HcParams& p, const float* X, int64_t T, in
   DSV4_CUDA_REQUIRE(hc <= kMaxHc && mix_n == (2 + hc) * hc && p.scale.size() >= 3 &&
                         int64_t(p.base.size()) >= mix_n,
                     "hc_pre: hc ", hc, ", fn rows ", mix_n, ", base ", p.base.size(), ", scale ", p.scale.size());
-  DeviceArray<float> mix(stream_, size_t(T * mix_n));
+  DeviceArray<float> mix(memory_, size_t(T * mix_n));
   linear(p.fn, Compute::f32, X, T, mix.get());  // x·fnᵀ first, then the rms scale (§3.2.1)
   const HcArgs a{device_floats(p.base), p.scale[0], p.scale[1], p.scale[2], int(hc), D, mix_n, sinkhorn_iters,
                  float(hc_eps), float(norm_eps), deepseek()};
@@ -214,7 +214,7 @@ void CudaBackend::hc_head(const model::HcParams& p, const float* X, int64_t T, i
   if (T == 0) return;
   DSV4_CUDA_REQUIRE(hc <= kMaxHc && p.fn.out == hc && !p.scale.empty() && int64_t(p.base.size()) >= hc,
                     "hc_head: hc ", hc, ", fn rows ", p.fn.out);
-  DeviceArray<float> mix(stream_, size_t(T * hc));
+  DeviceArray<float> mix(memory_, size_t(T * hc));
   linear(p.fn, Compute::f32, X, T, mix.get());
   const HcArgs a{device_floats(p.base), p.scale[0], 0.0f, 0.0f, int(hc), D, hc, 0, float(hc_eps), float(norm_eps),
                  deepseek()};

@@ -468,12 +468,12 @@ struct ThresholdScratch {
 
 // The threshold path's scratch for n queries in `buffer` (kept between selections, zero when new:
 // the counts stay zero between selections), in parts of 256-byte multiples.
-ThresholdScratch threshold_scratch(GrownBuffer& buffer, cudaStream_t stream, int64_t n, int64_t k) {
+ThresholdScratch threshold_scratch(GrownBuffer& buffer, StreamMemory& memory, int64_t n, int64_t k) {
   auto round_up = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
   const size_t hist_bytes = round_up(size_t(n * kHistWords) * sizeof(uint32_t));
   const size_t threshold_bytes = round_up(size_t(n) * sizeof(TopKThreshold));
   const size_t listed_bytes = size_t(n * kMaxTopK) * sizeof(uint64_t);  // k above and kMaxTopK − k ties per query
-  auto* base = static_cast<unsigned char*>(buffer.get(stream, hist_bytes + threshold_bytes + listed_bytes));
+  auto* base = static_cast<unsigned char*>(buffer.get(memory, hist_bytes + threshold_bytes + listed_bytes));
   auto* listed = reinterpret_cast<uint64_t*>(base + hist_bytes + threshold_bytes);
   return {reinterpret_cast<TopKThreshold*>(base + hist_bytes), listed, listed + n * k,
           reinterpret_cast<uint32_t*>(base), kMaxTopK - k};
@@ -522,8 +522,8 @@ void CudaBackend::indexer_select(const float* q, const float* wts, int64_t T, in
   // the keys and prepared once for every chunk; deepseek-tc's runs on the tensor cores.
   const bool fp4_path = deepseek() && fp4_scores_apply(key_format, dim);
   const bool tensor_cores = fp4_path && numerics() == Numerics::deepseek_tc && fp4_tensor_cores_apply(heads);
-  DeviceArray<float> q_packed(stream_, fp4_path ? size_t(T * heads * key_format.stride) : 0);
-  DeviceArray<unsigned char> q_prepared(stream_, fp4_path ? fp4_queries_bytes(T, heads, tensor_cores) : 0);
+  DeviceArray<float> q_packed(memory_, fp4_path ? size_t(T * heads * key_format.stride) : 0);
+  DeviceArray<unsigned char> q_prepared(memory_, fp4_path ? fp4_queries_bytes(T, heads, tensor_cores) : 0);
   Fp4Queries fp4_queries{};
   if (fp4_path) {
     pack_rows(key_format, q, T * heads, q_packed.get());
@@ -533,10 +533,10 @@ void CudaBackend::indexer_select(const float* q, const float* wts, int64_t T, in
                         "indexer scores over compact keys");
   }
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(T, kScoreScratch / n_keys));
-  DeviceArray<float> score(stream_, size_t(chunk * n_keys));
+  DeviceArray<float> score(memory_, size_t(chunk * n_keys));
   const bool by_threshold = threshold_path(T, std::min(n_keys, (p0 + T) / ratio), k);
   const ThresholdScratch th =
-      by_threshold ? threshold_scratch(topk_scratch_, stream_, chunk, k) : ThresholdScratch{};
+      by_threshold ? threshold_scratch(topk_scratch_, memory_, chunk, k) : ThresholdScratch{};
   if (by_threshold)
     allow_shared_memory(reinterpret_cast<const void*>(topk_histogram_kernel), kHistBytes, "indexer top-k histogram");
   for (int64_t t0 = 0; t0 < T; t0 += chunk) {

@@ -2,14 +2,13 @@
 // from the stream-ordered allocator, host↔device copies, rows stored in a state layout, and the
 // upload-once cache of weights.
 //
-// Buffers come from cudaMallocAsync on the backend's stream: the engine allocates a few buffers
-// per op, and the pool makes that cheap and keeps frees ordered after the kernels that use them.
-// The pool keeps what it has grown to (release threshold: unlimited): by default it hands freed
-// memory back to the driver at every synchronisation, so each decode step (which synchronises
-// to read its logits) paid for mapping its buffers afresh.
+// Buffers come from StreamMemory (stream_memory.h): the stream-ordered pool, or a captured step's
+// arena. The engine allocates a few buffers per op; the pool makes that cheap and keeps frees
+// ordered after the kernels that use them.
 #include <algorithm>
-#include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "backend/cuda/cuda.h"
 #include "backend/cuda/cuda_backend.h"
@@ -31,11 +30,12 @@ __global__ void fill_kernel(float* dst, float value, int64_t n) {
 
 // pack_rows: one thread per (row, part) (pack_row_part: a quantized block, or the tail). A row
 // that does not come back exactly raises a flag in mapped host memory, read at the next to_host.
-__global__ void pack_rows_kernel(RowFormat f, const float* rows, int64_t n, float* stored, int* inexact) {
+__global__ void pack_rows_kernel(RowFormat f, const float* rows, int64_t n, float* stored, DeviceFlags* flags) {
   await_previous_kernel();
   const int32_t parts = pack_parts(f);
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, r = i / parts;
-  if (r < n && !pack_row_part(f, rows + r * f.width, stored + r * f.stride, int32_t(i % parts))) atomicOr(inexact, 1);
+  if (r < n && !pack_row_part(f, rows + r * f.width, stored + r * f.stride, int32_t(i % parts)))
+    atomicOr(&flags->raised, kInexactRow);
 }
 
 __global__ void cyclic_ids_kernel(int32_t* ids, int64_t period, int64_t n) {
@@ -48,21 +48,16 @@ __global__ void cyclic_ids_kernel(int32_t* ids, int64_t period, int64_t n) {
 
 CudaBackend::CudaBackend(Numerics numerics) : Backend(numerics) {
   if (cuda_device_count() == 0) fail_unsupported("no CUDA device is available");
-  DSV4_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   int device = 0;
-  cudaMemPool_t pool = nullptr;
-  uint64_t keep_all = UINT64_MAX;
   DSV4_CUDA_CHECK(cudaGetDevice(&device));
   DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
-  DSV4_CUDA_CHECK(cudaMalloc(&part_arrivals_, 2 * size_t(sm_count_) * sizeof(unsigned)));
-  // On the backend's stream: the legacy stream's cudaMemset is not ordered before a non-blocking stream's kernels.
-  DSV4_CUDA_CHECK(cudaMemsetAsync(part_arrivals_, 0, 2 * size_t(sm_count_) * sizeof(unsigned), stream_));
-  DSV4_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
-  DSV4_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all));
-  DSV4_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pack_inexact_), sizeof(int), cudaHostAllocMapped));
+  part_arrivals_ = static_cast<unsigned*>(memory_.alloc_zeroed_now(2 * size_t(sm_count_) * sizeof(unsigned)));
+  DSV4_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&flags_), sizeof(DeviceFlags), cudaHostAllocMapped));
+  *flags_ = DeviceFlags{};
   if (numerics == Numerics::deepseek_tc) tensor_cores_ = std::make_unique<TensorCoreGemm>();
-  *pack_inexact_ = 0;
   profile_ = profile_requested();
+  const char* graphs = std::getenv("DSV4_CUDA_GRAPHS");
+  graphs_enabled_ = !(graphs && std::strcmp(graphs, "0") == 0);
 }
 
 CudaBackend::~CudaBackend() {
@@ -72,16 +67,14 @@ CudaBackend::~CudaBackend() {
     print_profile();
   } catch (...) {
   }
-  if (pack_inexact_) cudaFreeHost(pack_inexact_);
+  if (flags_) cudaFreeHost(flags_);
   for (cudaEvent_t e : profile_events_)
     if (e) cudaEventDestroy(e);
   for (auto& [host, dev] : uploads_) cudaFree(dev.first);
   for (auto& [key, table] : tables_) cudaFree(table);
   if (part_arrivals_) cudaFree(part_arrivals_);
-  cudaStreamDestroy(stream_);
 }
 
-// The driver's free memory plus what the pool holds unused (it keeps freed buffers for reuse).
 void CudaBackend::allow_shared_memory(const void* kernel, size_t bytes, const char* what) {
   if (shared_memory_optin_ == 0) {
     int device = 0;
@@ -100,6 +93,7 @@ void CudaBackend::allow_shared_memory(const void* kernel, size_t bytes, const ch
                          it->second));
 }
 
+// The driver's free memory plus what the pool holds unused (it keeps freed buffers for reuse).
 size_t CudaBackend::device_memory_free() const {
   size_t free = 0, total = 0;
   DSV4_CUDA_CHECK(cudaMemGetInfo(&free, &total));
@@ -113,23 +107,10 @@ size_t CudaBackend::device_memory_free() const {
   return free + size_t(reserved - used);
 }
 
-float* CudaBackend::alloc(size_t n) {
-  void* p = nullptr;
-  DSV4_CUDA_CHECK(cudaMallocAsync(&p, n * sizeof(float), stream_));
-  return static_cast<float*>(p);
-}
-
-// release runs in destructors (Buffer), so it must not throw: a failure here is left as the
-// runtime's last error, which the next checked launch reports.
-void CudaBackend::release(float* p) { (void)cudaFreeAsync(p, stream_); }
-
-int32_t* CudaBackend::alloc_ids(size_t n) {
-  void* p = nullptr;
-  DSV4_CUDA_CHECK(cudaMallocAsync(&p, n * sizeof(int32_t), stream_));
-  return static_cast<int32_t*>(p);
-}
-
-void CudaBackend::release_ids(int32_t* p) { (void)cudaFreeAsync(p, stream_); }
+float* CudaBackend::alloc(size_t n) { return static_cast<float*>(memory_.alloc(n * sizeof(float))); }
+void CudaBackend::release(float* p) { memory_.free(p); }
+int32_t* CudaBackend::alloc_ids(size_t n) { return static_cast<int32_t*>(memory_.alloc(n * sizeof(int32_t))); }
+void CudaBackend::release_ids(int32_t* p) { memory_.free(p); }
 
 // The CPU copy is a memmove; device-to-device cudaMemcpy has no overlap guarantee, so an
 // overlapping copy goes through a scratch buffer.
@@ -141,7 +122,7 @@ void CudaBackend::copy(float* dst, const float* src, size_t n) {
     DSV4_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
     return;
   }
-  DeviceArray<float> tmp(stream_, n);
+  DeviceArray<float> tmp(memory_, n);
   DSV4_CUDA_CHECK(cudaMemcpyAsync(tmp.get(), src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
   DSV4_CUDA_CHECK(cudaMemcpyAsync(dst, tmp.get(), n * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
 }
@@ -157,41 +138,30 @@ void CudaBackend::to_host(float* host_dst, const float* src, size_t n) {
   if (n == 0) return;
   // The wait first: a copy into pageable memory returns only when the stream has drained, and
   // that wait would escape the host-wait figure (dsv4 bench's "waiting for the device").
-  synchronize();
+  memory_.synchronize();
   DSV4_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
-  synchronize();
+  memory_.synchronize();
   profile_ = profile_requested();  // a caller may switch it on between forward passes
-  const bool inexact = *pack_inexact_ != 0;
-  *pack_inexact_ = 0;
-  DSV4_CUDA_REQUIRE(!inexact, "a row stored in the compact state layout did not come back exactly (the compact "
-                    "layout needs deepseek numerics)");
+  const DeviceFlags flags = *flags_;
+  *flags_ = DeviceFlags{};
+  DSV4_CUDA_REQUIRE(!(flags.raised & kBadToken), "embed: token id ", flags.bad_token, " outside the vocabulary");
+  DSV4_CUDA_REQUIRE(!(flags.raised & kInexactRow), "a row stored in the compact state layout did not come back "
+                    "exactly (the compact layout needs deepseek numerics)");
 }
 
 void CudaBackend::pack_rows(const RowFormat& f, const float* rows, int64_t n, float* stored) {
   Timed timed(*this, "pack_rows");
   if (n == 0) return;
-  launch(pack_rows_kernel, grid_for(n * pack_parts(f), 64), 64, 0, stream_, f, rows, n, stored, pack_inexact_);
+  launch(pack_rows_kernel, grid_for(n * pack_parts(f), 64), 64, 0, stream_, f, rows, n, stored, flags_);
   DSV4_CUDA_LAUNCHED("pack_rows");
 }
 
-void CudaBackend::synchronize() {
-  const auto t0 = std::chrono::steady_clock::now();
-  DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  host_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// Synchronous: the caller may free host_src as soon as this returns.
 void CudaBackend::from_host(float* dst, const float* host_src, size_t n) {
-  if (n == 0) return;
-  DSV4_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, n * sizeof(float), cudaMemcpyHostToDevice, stream_));
-  synchronize();
+  memory_.copy_from_host(dst, host_src, n * sizeof(float));
 }
 
-// Synchronous: the caller may free host_src as soon as this returns.
 void CudaBackend::ids_from_host(int32_t* dst, const int32_t* host_src, size_t n) {
-  if (n == 0) return;
-  DSV4_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
-  synchronize();
+  memory_.copy_from_host(dst, host_src, n * sizeof(int32_t));
 }
 
 // ---- weights ------------------------------------------------------------------------------------
@@ -204,15 +174,11 @@ const void* CudaBackend::upload(const void* host, size_t bytes) {
   auto it = uploads_.find(host);
   if (it != uploads_.end()) {
     if (it->second.second == bytes) return it->second.first;
-    synchronize();  // queued kernels may still read the old copy
-    DSV4_CUDA_CHECK(cudaFree(it->second.first));
+    memory_.retire(it->second.first);  // queued kernels may still read the old copy
     uploads_.erase(it);
   }
-  void* dev = nullptr;
-  DSV4_CUDA_CHECK(cudaMalloc(&dev, bytes));
+  void* dev = memory_.alloc_copy_now(host, bytes);
   uploads_[host] = {dev, bytes};
-  // Pageable source: the runtime stages it before returning, so the copy is complete or safe.
-  DSV4_CUDA_CHECK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream_));
   return dev;
 }
 
@@ -269,11 +235,8 @@ const LinearView* CudaBackend::device_group_table(const model::Linear& W, int64_
 }
 
 const LinearView* CudaBackend::device_views(std::pair<const void*, int64_t> key, const std::vector<LinearView>& views) {
-  LinearView* dev = nullptr;
-  DSV4_CUDA_CHECK(cudaMalloc(&dev, views.size() * sizeof(LinearView)));
+  auto* dev = static_cast<LinearView*>(memory_.alloc_copy_now(views.data(), views.size() * sizeof(LinearView)));
   tables_[key] = dev;
-  DSV4_CUDA_CHECK(cudaMemcpyAsync(dev, views.data(), views.size() * sizeof(LinearView), cudaMemcpyHostToDevice, stream_));
-  synchronize();  // `views` is about to go away
   return dev;
 }
 
@@ -283,7 +246,7 @@ const int32_t* CudaBackend::cyclic_ids(int64_t period, int64_t n) {
     cyclic_n_ = std::max(n, period == cyclic_period_ ? 2 * cyclic_n_ : n);
     cyclic_period_ = period;
   }
-  int32_t* ids = static_cast<int32_t*>(cyclic_ids_.get(stream_, size_t(cyclic_n_) * sizeof(int32_t)));
+  int32_t* ids = static_cast<int32_t*>(cyclic_ids_.get(memory_, size_t(cyclic_n_) * sizeof(int32_t)));
   if (refill) {
     launch(cyclic_ids_kernel, grid_for(cyclic_n_, 256), 256, 0, stream_, ids, period, cyclic_n_);
     DSV4_CUDA_LAUNCHED("cyclic ids");

@@ -158,7 +158,7 @@ void CudaBackend::route(const model::MoeWeights& m, const float* x, const int32_
   const bool hash = !m.tid2eid.empty();
   DSV4_CUDA_REQUIRE(k > 0 && k <= E && (hash || int64_t(m.bias.size()) == E), "route: k ", k, " of ", E,
                     " experts, bias ", m.bias.size());
-  DeviceArray<float> logits(stream_, size_t(T * E));
+  DeviceArray<float> logits(memory_, size_t(T * E));
   linear(m.gate, Compute::f32, x, T, logits.get());
   launch(route_kernel, unsigned(T), kRouteThreads, size_t(E) * (sizeof(float) + sizeof(int)), stream_,
       logits.get(), E, hash ? nullptr : device_floats(m.bias), hash ? device_ints(m.tid2eid) : nullptr,
@@ -170,7 +170,7 @@ void CudaBackend::expert_ffn(GemmRequest gate, GemmRequest up, GemmRequest down,
                              double limit) {
   const int64_t rows = gate.T, F = gate.rows;
   if (rows * F == 0) return;
-  DeviceArray<float> g(stream_, size_t(rows * F)), u(stream_, size_t(rows * F));
+  DeviceArray<float> g(memory_, size_t(rows * F)), u(memory_, size_t(rows * F));
   gate.y = g.get(), gate.y_stride = F;
   up.y = u.get(), up.y_stride = F;
   up.x_as_before = true;  // the same x as gate's: quantized once (two launches fewer per layer)
@@ -204,7 +204,7 @@ void CudaBackend::moe(const model::MoeWeights& m, const float* x, const int32_t*
   for (int64_t c0 = 0; c0 < T; c0 += kMoeTokenChunk) {
     const int64_t nt = std::min(kMoeTokenChunk, T - c0);
     // Routed experts: rows (token, slot), each through the matrices of its selected expert.
-    DeviceArray<float> expert_out(stream_, size_t(nt * k * D));
+    DeviceArray<float> expert_out(memory_, size_t(nt * k * D));
     GemmRequest gate, up, down;
     for (GemmRequest* r : {&gate, &up, &down}) {
       r->W = device_linear(m.experts[0].w1);  // format/shape template; rows read their own view
@@ -217,7 +217,7 @@ void CudaBackend::moe(const model::MoeWeights& m, const float* x, const int32_t*
     down.y = expert_out.get(), down.y_stride = D;
     expert_ffn(gate, up, down, weights + c0 * k, limit);
 
-    DeviceArray<float> shared(stream_, m.shared ? size_t(nt * D) : 0);
+    DeviceArray<float> shared(memory_, m.shared ? size_t(nt * D) : 0);
     if (m.shared) {
       GemmRequest sg, su, sd;
       sg.W = device_linear(m.shared->w1), su.W = device_linear(m.shared->w3), sd.W = device_linear(m.shared->w2);

@@ -1,8 +1,10 @@
 // The engine end to end on the CUDA backend: logits on the committed fixtures against the oracle
 // references (the thresholds of tests/engine/oracle_test.cpp) and against the CPU engine (ideally
 // bit for bit), chunked prefill / decode on the GPU against one pass, state files moved
-// between the GPU and the CPU, and the MTP block's drafts and speculative decoding.
+// between the GPU and the CPU, the MTP block's drafts and speculative decoding, and decode steps
+// run as CUDA graphs against the same steps launched kernel by kernel.
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
 #include "engine/decode.h"
@@ -117,6 +119,45 @@ TEST(CudaEngineState, ChunkedPrefillAndDecodeMatchOnePass) {
       const std::vector<float> again = gpu.forward(seq, tokens, true);
       EXPECT_EQ(identical(again, one_shot), int64_t(one_shot.size())) << to_string(numerics) << " after reset";
     }
+  }
+}
+
+// Decode steps run as CUDA graphs (captured, an executable graph updated to each, launched) give
+// the logits of the same steps launched kernel by kernel, bit for bit: one sequence alone, then
+// with a second one batched beside it, over 300 positions (compressors completing windows of 4
+// and 128, the ring wrapping, the indexer past its top-k). Every step is one graph, and a few
+// executable graphs serve them all (updated, not made afresh).
+TEST(CudaEngineState, DecodeStepsAsCudaGraphsMatchEagerSteps) {
+  DSV4_REQUIRE_GPU();
+  auto model = Model::load(fixture_model("tiny-flash"));
+  const std::vector<int32_t> all = read_tokens(fixture_logits("tiny-flash") + "/tokens.json");
+  const int64_t n = 300, second_from = 260;
+  ASSERT_GE(int64_t(all.size()), n);
+  auto decode = [&](Numerics numerics, bool graphs, Backend::CaptureStats& stats) {
+    if (!graphs) setenv("DSV4_CUDA_GRAPHS", "0", 1);
+    Engine gpu(*model, make_cuda_backend(numerics));
+    unsetenv("DSV4_CUDA_GRAPHS");
+    SequenceState a = gpu.new_sequence(), b = gpu.new_sequence();
+    std::vector<float> out;
+    for (int64_t p = 0; p < n; ++p) {
+      std::vector<engine::Step> steps = {{&a, std::span<const int32_t>(&all[size_t(p)], 1)}};
+      if (p >= second_from) steps.push_back({&b, std::span<const int32_t>(&all[size_t(p - second_from)], 1)});
+      for (const std::vector<float>& logits : gpu.forward_batch(steps)) out.insert(out.end(), logits.begin(), logits.end());
+    }
+    stats = gpu.backend().capture_stats();
+    return out;
+  };
+  for (Numerics numerics : {Numerics::deepseek, Numerics::plain}) {
+    Backend::CaptureStats eager_stats, graph_stats;
+    const std::vector<float> eager = decode(numerics, false, eager_stats);
+    const std::vector<float> graphs = decode(numerics, true, graph_stats);
+    std::printf("[ graphs   ] tiny-flash %s: %lld steps as graphs, %lld executable graphs made\n", to_string(numerics),
+                (long long)graph_stats.launched, (long long)graph_stats.instantiated);
+    ASSERT_EQ(graphs.size(), eager.size());
+    EXPECT_EQ(identical(graphs, eager), int64_t(eager.size())) << to_string(numerics);
+    EXPECT_EQ(eager_stats.launched, 0);
+    EXPECT_EQ(graph_stats.launched, n);
+    EXPECT_LT(4 * graph_stats.instantiated, graph_stats.launched);
   }
 }
 
