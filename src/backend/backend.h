@@ -107,15 +107,19 @@ class Backend {
   // than the GPU takes to run them). Between begin_capture and end_capture(true), which runs what
   // was recorded, ops queue work as usual but nothing may be read back (to_host) and nothing
   // allocated may outlive the step but its results; end_capture(false), for an error inside the
-  // step, drops the recording and never throws. begin_capture returns whether it records; the
-  // CPU backend never does.
+  // step, drops what was recorded since the last flush and never throws. flush_capture launches
+  // what was recorded so far and records on, so the device runs one part of the step while the
+  // host records the next. begin_capture returns whether it records; the CPU backend never does.
   virtual bool begin_capture(int64_t rows) {
     (void)rows;
     return false;
   }
+  virtual void flush_capture() {}
   virtual void end_capture(bool run) { (void)run; }
   struct CaptureStats {
-    int64_t launched = 0, instantiated = 0;  // steps run as graphs; graphs made for them
+    int64_t steps = 0;         // steps run as graphs
+    int64_t launched = 0;      // graphs launched for them: one per part
+    int64_t instantiated = 0;  // executable graphs made (the other launches updated a kept one)
   };
   virtual CaptureStats capture_stats() const { return {}; }
 

@@ -385,7 +385,7 @@ int run_bench(BenchOptions o) {
       const double decode_s = seconds_since(t0);
       const double wait_s = eng.backend().host_wait_seconds() - wait0;
       // Steps run as CUDA graphs, and the executable graphs made for them (the others were updated).
-      const int64_t graph_steps = eng.backend().capture_stats().launched - graphs0.launched;
+      const int64_t graph_steps = eng.backend().capture_stats().steps - graphs0.steps;
       const int64_t graph_instantiations = eng.backend().capture_stats().instantiated - graphs0.instantiated;
       const double steps_per_s = double(o.decode_tokens) / decode_s;
       decode_tps = double(o.batch) * steps_per_s;

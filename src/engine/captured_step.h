@@ -1,6 +1,7 @@
-// A step's device work recorded and launched at once where the backend can (Backend::begin_capture):
-// made before the step's first op, run() after its last, before its results are read. If the
-// step throws in between, the recording is dropped.
+// A step's device work recorded and launched in a few parts where the backend can
+// (Backend::begin_capture): made before the step's first op; flush() between parts (sublayers),
+// so the device runs one while the host records the next; run() after the last op, before the
+// step's results are read. If the step throws in between, the part being recorded is dropped.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +20,9 @@ class CapturedStep {
   }
   CapturedStep(const CapturedStep&) = delete;
   CapturedStep& operator=(const CapturedStep&) = delete;
+  void flush() {
+    if (active_) backend_.flush_capture();
+  }
   void run() {
     if (!active_) return;
     active_ = false;

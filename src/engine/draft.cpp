@@ -67,6 +67,7 @@ std::vector<std::vector<float>> Engine::draft_batch(std::span<const DraftStep> s
   b.add(pe.get(), ph.get(), rows * D, X.get());
 
   attention_sublayer(mtp.block, segments, T, X.get(), nullptr);
+  captured.flush();
   moe_sublayer(mtp.block, ids.get(), T, X.get(), nullptr);
   std::vector<LogitRows> wants;
   for (const DraftStep& s : steps) wants.push_back(s.logits);

@@ -77,7 +77,9 @@ std::vector<std::vector<float>> Engine::forward_batch(std::span<const Step> step
 
   for (const model::LayerWeights& lw : w.layers) {
     attention_sublayer(lw, segments, T, X.get(), tracer);
+    captured.flush();
     moe_sublayer(lw, ids.get(), T, X.get(), tracer);
+    captured.flush();
   }
   std::vector<LogitRows> wants;
   for (const Step& s : steps) wants.push_back(s.logits);

@@ -91,12 +91,15 @@ class CudaBackend final : public Backend {
   size_t device_memory_free() const override;
   double host_wait_seconds() const override { return memory_.host_wait_seconds(); }
 
-  // Decode steps of at most kMaxCapturedRows rows run as CUDA graphs (capture.cpp), unless
-  // DSV4_CUDA_GRAPHS=0 or the ops are being profiled (each op is then waited for).
+  // With DSV4_CUDA_GRAPHS=1, decode steps of at most kMaxCapturedRows rows run as CUDA graphs
+  // (capture.cpp), unless the ops are being profiled (each op is then waited for).
   static constexpr int64_t kMaxCapturedRows = 16;
   bool begin_capture(int64_t rows) override;
+  void flush_capture() override;
   void end_capture(bool run) override;
-  CaptureStats capture_stats() const override { return {graphs_.launched(), graphs_.instantiated()}; }
+  CaptureStats capture_stats() const override {
+    return {captured_steps_, graphs_.launched(), graphs_.instantiated()};
+  }
 
   float* alloc(size_t n_floats) override;
   void release(float* p) override;
@@ -154,6 +157,9 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = memory_.stream();
   StepGraphs graphs_;
   bool graphs_enabled_ = true;
+  size_t part_ = 0;             // of the step being captured
+  int64_t captured_steps_ = 0;  // run as graphs
+  void launch_part();           // the part recorded so far, as the part_'th graph of the step
 
   bool deepseek() const { return quantizes(numerics()); }
 

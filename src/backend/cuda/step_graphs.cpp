@@ -7,31 +7,35 @@
 namespace dsv4::cuda {
 
 StepGraphs::~StepGraphs() {
-  for (cudaGraphExec_t e : execs_) cudaGraphExecDestroy(e);
+  for (const std::vector<cudaGraphExec_t>& kept : execs_)
+    for (cudaGraphExec_t e : kept) cudaGraphExecDestroy(e);
 }
 
 // A failed update leaves the executable graph as it was (cudaErrorGraphExecUpdateFailure, not a
 // sticky error), so the next kept one can be tried.
-void StepGraphs::launch(cudaGraph_t graph, cudaStream_t stream) {
-  auto it = execs_.begin();
-  for (; it != execs_.end(); ++it) {
+void StepGraphs::launch(cudaGraph_t graph, size_t part, cudaStream_t stream) {
+  if (part >= execs_.size()) execs_.resize(part + 1);
+  std::vector<cudaGraphExec_t>& kept = execs_[part];
+  auto it = kept.begin();
+  for (; it != kept.end(); ++it) {
     cudaGraphExecUpdateResultInfo info{};
     if (cudaGraphExecUpdate(*it, graph, &info) == cudaSuccess) break;
     (void)cudaGetLastError();
   }
-  if (it == execs_.end()) {
+  if (it == kept.end()) {
     cudaGraphExec_t exec = nullptr;
     DSV4_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     ++instantiated_;
-    execs_.insert(execs_.begin(), exec);
-    if (execs_.size() > kKept) {
-      cudaGraphExecDestroy(execs_.back());  // not running: begin_capture waited for the last step
-      execs_.pop_back();
+    kept.insert(kept.begin(), exec);
+    if (kept.size() > kKept) {
+      // Not running: a part is launched once a step, and begin_capture waited for the last step.
+      cudaGraphExecDestroy(kept.back());
+      kept.pop_back();
     }
   } else {
-    std::rotate(execs_.begin(), it, it + 1);
+    std::rotate(kept.begin(), it, it + 1);
   }
-  DSV4_CUDA_CHECK(cudaGraphLaunch(execs_.front(), stream));
+  DSV4_CUDA_CHECK(cudaGraphLaunch(kept.front(), stream));
   ++launched_;
 }
 

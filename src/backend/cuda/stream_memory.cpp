@@ -166,12 +166,17 @@ void StreamMemory::begin_capture() {
                     "step would overwrite them");
   arena_.reset();
   staging_.reset();
-  // Relaxed: the one-time allocations and side-stream copies above are allowed meanwhile.
+  resume_capture();
+}
+
+// Relaxed: the one-time allocations and side-stream copies of stream_memory.h are allowed meanwhile.
+void StreamMemory::resume_capture() {
   DSV4_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
   capturing_ = true;
 }
 
 void StreamMemory::end_capture(const std::function<void(cudaGraph_t)>& launch) {
+  if (!capturing_) return;
   capturing_ = false;
   cudaGraph_t graph = nullptr;
   const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);

@@ -6,7 +6,8 @@
 // does not handle, and a buffer allocated outside a graph cannot be freed inside one. So, while
 // capturing:
 //   - buffers come from a step arena, handed out in order and reused by the next captured step
-//     (each step runs to completion first: its logits are read back);
+//     (each step runs to completion first: its logits are read back); a step is recorded in a few
+//     parts, each launched as soon as it is recorded, and the arena serves all of them;
 //   - frees of pool buffers wait until the graph has been launched;
 //   - host data copied in (token ids) is staged in pinned memory, which the graph reads at launch;
 //   - one-time memory (uploaded weights, view tables, grown scratch) is made at once, outside the
@@ -80,14 +81,17 @@ class StreamMemory {
   void synchronize();
   double host_wait_seconds() const { return host_wait_s_; }
 
-  // Records the stream's work from here into a graph instead of running it. Waits for the work
-  // queued before (the arena and the staging are reused), and fails if a buffer of the last
-  // captured step is still held: it would be overwritten.
+  // Records the stream's work from here into a graph instead of running it: the first part of a
+  // captured step. Waits for the work queued before (the arena and the staging are reused), and
+  // fails if a buffer of the last captured step is still held: it would be overwritten.
   void begin_capture();
+  // Records the next part of the same step: the arena and the staging go on where the last part
+  // left them, since the parts launched before may still be running and reading them.
+  void resume_capture();
   bool capturing() const { return capturing_; }
-  // Ends the capture and, when `launch` is given, hands it the graph to run on the stream; without
-  // one (an error inside the capture), the recorded work is dropped. Either way the frees
-  // deferred by the capture are then queued.
+  // Ends the part being recorded and, when `launch` is given, hands it the graph to run on the
+  // stream; without one (an error inside the capture), the recorded work is dropped. Either way
+  // the frees deferred meanwhile are then queued. Nothing to do when no part is being recorded.
   void end_capture(const std::function<void(cudaGraph_t)>& launch);
   size_t arena_bytes() const { return arena_.bytes(); }
 

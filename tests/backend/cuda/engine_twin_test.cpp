@@ -125,8 +125,9 @@ TEST(CudaEngineState, ChunkedPrefillAndDecodeMatchOnePass) {
 // Decode steps run as CUDA graphs (captured, an executable graph updated to each, launched) give
 // the logits of the same steps launched kernel by kernel, bit for bit: one sequence alone, then
 // with a second one batched beside it, over 300 positions (compressors completing windows of 4
-// and 128, the ring wrapping, the indexer past its top-k). Every step is one graph, and a few
-// executable graphs serve them all (updated, not made afresh).
+// and 128, the ring wrapping, the indexer past its top-k). Every step runs as graphs, one per
+// sublayer and one for the head, and a few executable graphs serve them all (updated, not made
+// afresh).
 TEST(CudaEngineState, DecodeStepsAsCudaGraphsMatchEagerSteps) {
   DSV4_REQUIRE_GPU();
   auto model = Model::load(fixture_model("tiny-flash"));
@@ -134,7 +135,7 @@ TEST(CudaEngineState, DecodeStepsAsCudaGraphsMatchEagerSteps) {
   const int64_t n = 300, second_from = 260;
   ASSERT_GE(int64_t(all.size()), n);
   auto decode = [&](Numerics numerics, bool graphs, Backend::CaptureStats& stats) {
-    if (!graphs) setenv("DSV4_CUDA_GRAPHS", "0", 1);
+    setenv("DSV4_CUDA_GRAPHS", graphs ? "1" : "0", 1);
     Engine gpu(*model, make_cuda_backend(numerics));
     unsetenv("DSV4_CUDA_GRAPHS");
     SequenceState a = gpu.new_sequence(), b = gpu.new_sequence();
@@ -151,12 +152,15 @@ TEST(CudaEngineState, DecodeStepsAsCudaGraphsMatchEagerSteps) {
     Backend::CaptureStats eager_stats, graph_stats;
     const std::vector<float> eager = decode(numerics, false, eager_stats);
     const std::vector<float> graphs = decode(numerics, true, graph_stats);
-    std::printf("[ graphs   ] tiny-flash %s: %lld steps as graphs, %lld executable graphs made\n", to_string(numerics),
-                (long long)graph_stats.launched, (long long)graph_stats.instantiated);
+    std::printf("[ graphs   ] tiny-flash %s: %lld steps as %lld graphs, %lld executable graphs made\n",
+                to_string(numerics), (long long)graph_stats.steps, (long long)graph_stats.launched,
+                (long long)graph_stats.instantiated);
     ASSERT_EQ(graphs.size(), eager.size());
     EXPECT_EQ(identical(graphs, eager), int64_t(eager.size())) << to_string(numerics);
+    EXPECT_EQ(eager_stats.steps, 0);
     EXPECT_EQ(eager_stats.launched, 0);
-    EXPECT_EQ(graph_stats.launched, n);
+    EXPECT_EQ(graph_stats.steps, n);
+    EXPECT_EQ(graph_stats.launched, n * (2 * model->config().n_layers + 1));
     EXPECT_LT(4 * graph_stats.instantiated, graph_stats.launched);
   }
 }
