@@ -83,6 +83,15 @@ struct GemmRequest {
   int64_t source_rows() const { return (T + x_div - 1) / x_div; }
 };
 
+// The up half of a clamped SwiGLU FFN joined to its gate's product (GemmRequest: the gate), so that
+// one launch reads both matrices and writes h = swiglu_f(g, u, w_m) instead of g (§3.6).
+struct SwigluUp {
+  LinearView W;                       // the up matrix of a dense FFN (the shared expert), or
+  const LinearView* table = nullptr;  // the routed experts' up matrices, indexed as the gate's table
+  const float* row_weights = nullptr; // w_m of token row m (the routing weights); none: 1
+  float limit = 0.0f;                 // L; 0: no clamp
+};
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(Numerics numerics);
@@ -227,7 +236,11 @@ class CudaBackend final : public Backend {
   void tensor_core_experts(const GemmRequest& r, const uint8_t* x, const float* sx, int32_t* scratch);
 
   // ---- shared GEMM entry (gemm.cu), used by linear, hc and moe ----
-  void gemm(const GemmRequest& r);
+  // With `swiglu`, r is an FFN's gate product and its up product and SwiGLU join the launch; only
+  // where on_tc_gemv(r).
+  void gemm(const GemmRequest& r, const SwigluUp* swiglu = nullptr);
+  // Whether r runs on tc_gemv (deepseek-tc, a few rows on mma.sync), whose epilogue can be the SwiGLU.
+  bool on_tc_gemv(const GemmRequest& r);
   // linear and grouped_linear: quantized compute (deepseek numerics) needs FP8 or FP4 weights; an
   // error naming W otherwise.
   void require_quantizable(const model::Linear& W, Compute compute) const;
@@ -247,9 +260,10 @@ class CudaBackend final : public Backend {
   QuantizedX quantized_x_;
   // deepseek-tc only: the dense FP8 and bf16 products of many rows on the tensor cores (gemm_tc.cu).
   std::unique_ptr<TensorCoreGemm> tensor_cores_;
-  // The clamped SwiGLU FFN (moe.cu) over T rows: out = w2(h), h = silu(min(g, L))·clamp(u, ±L)·w
-  // with g, u from w1, w3 (§3.6). up/gate carry x and the weights; down.y receives the output.
-  void expert_ffn(GemmRequest gate, GemmRequest up, GemmRequest down, const float* row_weights, double limit);
+  // The clamped SwiGLU FFN's hidden rows (moe.cu): h = silu(min(g, L))·clamp(u, ±L)·w with g, u from
+  // w1, w3 (§3.6), into h [gate.T, gate.rows]; gate and up carry x and the weights (up reuses gate's
+  // quantized x). The down product (w2) is the caller's.
+  void swiglu_hidden(GemmRequest gate, GemmRequest up, const float* row_weights, double limit, float* h);
 
   // Lets `kernel` take up to the device's opt-in shared memory per block (set once per kernel),
   // or fails, naming `what`, when `bytes` is more than that.

@@ -29,6 +29,17 @@ __device__ inline float softplus_f(float x) { return x > 20.0f ? x : float(log1p
 // Rounds to bf16 where the reference does (deepseek numerics); identity in plain.
 __device__ inline float round_if(bool bf16, float x) { return bf16 ? round_bf16(x) : x; }
 
+// The clamped SwiGLU of one element (§3.6): round(silu(min(g, L)) · clamp(u, ±L) · w), with no
+// clamp when L ≤ 0 and w = 1 when none is given (the shared expert's).
+__device__ inline float swiglu_f(float g, float u, const float* w, float limit, bool bf16) {
+  if (limit > 0) {
+    g = fminf(g, limit);
+    u = fminf(fmaxf(u, -limit), limit);
+  }
+  const float h = silu_f(g) * u;
+  return round_if(bf16, w ? h * *w : h);
+}
+
 // Row-parallel kernels (hc_post, the MoE's combine and swiglu): grid (rows, groups of D), a thread
 // per kRowGroup consecutive elements of a row. Elements d0 … d0 + 3 of a row of D floats: one
 // 16-byte access when `whole` (D a multiple of kRowGroup and the row 16-byte aligned), else one by

@@ -570,20 +570,31 @@ LinearKernel linear_kernel_for(int format, bool tiled, int nt) {
   }
 }
 
+// Whether r takes the FP64 tensor-core kernels (gemm_dmma.cu) rather than the decode kernel: many
+// rows (per expert with a table), or FP8 rows that do not start at a multiple of 4, which the decode
+// kernel reads 4 at a time under one 128-row scale block (every product of the model starts at one;
+// the tensor-core kernel reads each row's scale).
+bool needs_dmma(const GemmRequest& r) {
+  return (r.table ? r.T >= kDmmaMinRowsPerExpert * r.n_views : r.T >= kDmmaMinRows) ||
+         (r.W.format == kFp8 && r.row0 % 4 != 0);
+}
+
 }  // namespace
 
-void CudaBackend::gemm(const GemmRequest& r) {
+bool CudaBackend::on_tc_gemv(const GemmRequest& r) {
+  const bool tiled = deepseek() && r.compute == Compute::quantized;
+  return numerics() == Numerics::deepseek_tc && tiled && !(tensor_cores_ && tensor_cores_->handles(r)) &&
+         !needs_dmma(r) && tc_gemv_handles(r);
+}
+
+void CudaBackend::gemm(const GemmRequest& r, const SwigluUp* swiglu) {
   if (r.T == 0 || r.rows == 0) return;
   const LinearView& W = r.W;
   const int64_t K = W.in;
   const bool tiled = deepseek() && r.compute == Compute::quantized;
   DSV4_CUDA_REQUIRE(!tiled || W.format == kFp8 || W.format == kFp4, "linear: quantized compute needs FP8/FP4 weights");
 
-  // The decode kernel reads FP8 rows 4 at a time under one 128-row scale block, which holds when
-  // row0 is a multiple of 4 (every product of the model); any other row0 takes the tensor-core
-  // kernel, which reads each row's scale.
-  const bool dmma = (r.table ? r.T >= kDmmaMinRowsPerExpert * r.n_views : r.T >= kDmmaMinRows) ||
-                    (W.format == kFp8 && r.row0 % 4 != 0);
+  const bool dmma = needs_dmma(r);
   // deepseek-tc: the dense FP8 and bf16 products of many rows go to the tensor cores instead.
   const bool tensor_cores = tensor_cores_ && tensor_cores_->handles(r);
   if (tensor_cores && !tiled) {
@@ -596,7 +607,8 @@ void CudaBackend::gemm(const GemmRequest& r) {
   const bool tc_experts = numerics() == Numerics::deepseek_tc && tiled && dmma && fits_tensor_core_experts(r);
   // deepseek-tc: the FP8 products of a few token rows, and the routed FP4 experts of a few rows, on
   // the tensor cores' mma.sync (gemv_tc.cu).
-  const bool tc_few = numerics() == Numerics::deepseek_tc && tiled && !tensor_cores && !dmma && tc_gemv_handles(r);
+  const bool tc_few = on_tc_gemv(r);
+  DSV4_CUDA_REQUIRE(!swiglu || tc_few, "linear: a SwiGLU joined to a product that tc_gemv does not take");
   const bool round_out = deepseek() && r.compute != Compute::f32;
   const int64_t n_src = r.source_rows(), n_k128 = (K + 127) / 128;
   // One scratch buffer, in parts that are live together: the quantized activations, their scales
@@ -652,7 +664,7 @@ void CudaBackend::gemm(const GemmRequest& r) {
     return;
   }
   if (tc_few) {
-    tc_gemv(r, reinterpret_cast<const uint8_t*>(scratch), scratch + n_qx, sm_count_, stream_);
+    tc_gemv(r, swiglu, reinterpret_cast<const uint8_t*>(scratch), scratch + n_qx, sm_count_, stream_);
     return;
   }
   if (tc_experts) {

@@ -27,6 +27,10 @@
 // are their e4m3 codes (exact in f16); each 128-block's partial is scaled by its activation scale,
 // as above, and the row's largest weight scale multiplies the sum. One token per row: every lane
 // loads it, so all 8 columns of the mma's B repeat it and column 0 is read.
+//
+// Both kernels also come in a form of two matrices (an FFN's gate and up, SwigluUp): each lane
+// streams its rows of both against the one x it loads (and, FP4, converts) once, and the epilogue
+// writes swiglu_f of the two bf16 sums, exactly what the separate launches and swiglu_kernel give.
 #include <cuda_runtime.h>
 
 #include "backend/cuda/device_math.cuh"
@@ -51,14 +55,19 @@ struct TcGemvArgs {
   const LinearView* table;  // the routed experts: row m's matrix is table[view_of_row[m]]
   const int32_t* view_of_row;
   int64_t n_views;
+  SwigluUp up;  // kernels of two matrices: the up half (W, table the gate's); y receives h
 };
 
-// One K block of 128 for the lane: its two rows' and its token's 16-byte words of both 64s.
-struct BlockWords {
-  uint4 lo[2], hi[2], x[2];
-};
+// Matrix q of the lane's product: the gate (or the one matrix), then the up.
+__device__ __forceinline__ const LinearView& matrix(const TcGemvArgs& a, int q) { return q == 0 ? a.W : a.up.W; }
 
-__device__ __forceinline__ void load_weights(BlockWords& w, const uint8_t* lo, const uint8_t* hi, int64_t at) {
+// One K block of 128 for the lane: its two rows' 16-byte words of both 64s (A), and its token's (B).
+struct WeightWords {
+  uint4 lo[2], hi[2];
+};
+using TokenWords = uint4[2];
+
+__device__ __forceinline__ void load_weights(WeightWords& w, const uint8_t* lo, const uint8_t* hi, int64_t at) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     w.lo[h] = __ldg(reinterpret_cast<const uint4*>(lo + at + 64 * h));
@@ -66,26 +75,29 @@ __device__ __forceinline__ void load_weights(BlockWords& w, const uint8_t* lo, c
   }
 }
 
-__device__ __forceinline__ void load_x(BlockWords& w, const uint8_t* x, bool has_token, int64_t at) {
+__device__ __forceinline__ void load_x(TokenWords& x, const uint8_t* from, bool has_token, int64_t at) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) w.x[h] = has_token ? __ldg(reinterpret_cast<const uint4*>(x + at + 64 * h)) : make_uint4(0, 0, 0, 0);
+  for (int h = 0; h < 2; ++h)
+    x[h] = has_token ? __ldg(reinterpret_cast<const uint4*>(from + at + 64 * h)) : make_uint4(0, 0, 0, 0);
 }
 
 // The block's four mma steps: words 0, 1 of each 64 are the first step's A[g][4i..], A[g][16+4i..]
 // (and B's b0, b1), words 2, 3 the second's.
-__device__ __forceinline__ void block_products(const BlockWords& w, float (&c)[4]) {
+__device__ __forceinline__ void block_products(const WeightWords& w, const TokenWords& x, float (&c)[4]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const uint32_t a0[4] = {w.lo[h].x, w.hi[h].x, w.lo[h].y, w.hi[h].y};
-    mma_e4m3(c, a0, w.x[h].x, w.x[h].y);
+    mma_e4m3(c, a0, x[h].x, x[h].y);
     const uint32_t a1[4] = {w.lo[h].z, w.hi[h].z, w.lo[h].w, w.hi[h].w};
-    mma_e4m3(c, a1, w.x[h].z, w.x[h].w);
+    mma_e4m3(c, a1, x[h].z, x[h].w);
   }
 }
 
-// Grid (tile groups of kWarps / S tiles, token groups of kTokens); see the top.
+// Grid (tile groups of kWarps / S tiles, token groups of kTokens); see the top. kMats 2: the gate
+// and up matrices against the same x, and y receives their SwiGLU.
+template <int kMats>
 __global__ void __launch_bounds__(kWarps * 32) tc_gemv_kernel(TcGemvArgs a) {
-  __shared__ float sums[kWarps][32][4];
+  __shared__ float sums[kWarps][32][4 * kMats];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, i = lane % 4;
   const int S = a.split, tile = blockIdx.x * (kWarps / S) + warp / S, s = warp % S;
   const int64_t r_base = int64_t(tile) * kTileRows, m0 = int64_t(blockIdx.y) * kTokens;
@@ -93,42 +105,72 @@ __global__ void __launch_bounds__(kWarps * 32) tc_gemv_kernel(TcGemvArgs a) {
   const int64_t n_blocks = a.K / 128;
   // Rows past the end read the last row (their sums are not written).
   const int64_t last = a.row0 + a.rows - 1;
-  const uint8_t* lo = a.W.data + min(a.row0 + r_base + g, last) * a.K + 16 * i;
-  const uint8_t* hi = a.W.data + min(a.row0 + r_base + g + 8, last) * a.K + 16 * i;
-  const uint8_t* s_w = scale_row<kFp8>(a.W, min(a.row0 + r_base, last));
+  const uint8_t* lo[kMats];
+  const uint8_t* hi[kMats];
+  const uint8_t* s_w[kMats];
+#pragma unroll
+  for (int q = 0; q < kMats; ++q) {
+    const LinearView& W = matrix(a, q);
+    lo[q] = W.data + min(a.row0 + r_base + g, last) * a.K + 16 * i;
+    hi[q] = W.data + min(a.row0 + r_base + g + 8, last) * a.K + 16 * i;
+    s_w[q] = scale_row<kFp8>(W, min(a.row0 + r_base, last));
+  }
   const bool has_token = g < nt;
   const uint8_t* x = a.x + (m0 + min(g, nt - 1)) / a.x_div * a.K + 16 * i;
   int64_t src[2];  // the source rows of the lane's two output tokens, 2i and 2i + 1
 #pragma unroll
   for (int e = 0; e < 2; ++e) src[e] = (m0 + min(2 * i + e, nt - 1)) / a.x_div;
 
-  float acc[4] = {};
-  BlockWords next;
+  float acc[kMats][4] = {};
+  WeightWords next[kMats];
+  TokenWords next_x;
   // Weights are never written by a kernel: the first block's are in flight while the previous
   // kernel finishes.
-  if (s < n_blocks) load_weights(next, lo, hi, 128 * s);
+  if (s < n_blocks)
+    for (int q = 0; q < kMats; ++q) load_weights(next[q], lo[q], hi[q], 128 * s);
   await_previous_kernel();
-  if (s < n_blocks) load_x(next, x, has_token, 128 * s);
+  if (s < n_blocks) load_x(next_x, x, has_token, 128 * s);
   for (int64_t b = s; b < n_blocks; b += S) {
-    const BlockWords now = next;
-    if (b + S < n_blocks) load_weights(next, lo, hi, 128 * (b + S)), load_x(next, x, has_token, 128 * (b + S));
-    float c[4] = {};
-    block_products(now, c);
-    const float sw = scale_at(s_w, b, a.W.scale_is_f32);
+    WeightWords now[kMats];
+    TokenWords now_x = {next_x[0], next_x[1]};
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc[e] += c[e] * (__ldg(a.sx + b * a.n_src + src[e % 2]) * sw);  // §5: partial · (s_x · s_w)
+    for (int q = 0; q < kMats; ++q) now[q] = next[q];
+    if (b + S < n_blocks) {
+#pragma unroll
+      for (int q = 0; q < kMats; ++q) load_weights(next[q], lo[q], hi[q], 128 * (b + S));
+      load_x(next_x, x, has_token, 128 * (b + S));
+    }
+    const float sx[2] = {__ldg(a.sx + b * a.n_src + src[0]), __ldg(a.sx + b * a.n_src + src[1])};
+#pragma unroll
+    for (int q = 0; q < kMats; ++q) {
+      float c[4] = {};
+      block_products(now[q], now_x, c);
+      const float sw = scale_at(s_w[q], b, matrix(a, q).scale_is_f32);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[q][e] += c[e] * (sx[e % 2] * sw);  // §5: partial · (s_x · s_w)
+    }
   }
 #pragma unroll
-  for (int e = 0; e < 4; ++e) sums[warp][lane][e] = acc[e];
+  for (int q = 0; q < kMats; ++q)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sums[warp][lane][4 * q + e] = acc[q][e];
   __syncthreads();
   if (s != 0) return;
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
-    float v = 0.0f;
-    for (int q = 0; q < S; ++q) v += sums[warp + q][lane][e];
+    float v[kMats];
+#pragma unroll
+    for (int q = 0; q < kMats; ++q) {
+      v[q] = 0.0f;
+      for (int p = 0; p < S; ++p) v[q] += sums[warp + p][lane][4 * q + e];
+      v[q] = round_bf16(v[q]);
+    }
     const int64_t row = r_base + g + 8 * (e / 2);
     const int n = 2 * i + e % 2;
-    if (row < a.rows && n < nt) a.y[(m0 + n) * a.y_stride + row] = round_bf16(v);
+    if (row >= a.rows || n >= nt) continue;
+    const int64_t m = m0 + n;
+    a.y[m * a.y_stride + row] =
+        kMats == 1 ? v[0] : swiglu_f(v[0], v[kMats - 1], a.up.row_weights ? a.up.row_weights + m : nullptr, a.up.limit, true);
   }
 }
 
@@ -175,88 +217,122 @@ __device__ __forceinline__ int row_top_exponent(const uint8_t* scales, int64_t n
   return int(max(m, __shfl_xor_sync(kFullMask, m, 2)));
 }
 
-// One K block of 128 for the lane: 16 bytes (32 codes) of each of its rows g, g + 8, their 32-block
-// scales, its 32 activation codes and the block's activation scale.
-struct Fp4BlockWords {
-  uint4 w[2], x[2];
+// One K block of 128 for the lane, of one matrix: 16 bytes (32 codes) of each of its rows g, g + 8
+// and their 32-block scales.
+struct Fp4Words {
+  uint4 w[2];
   uint32_t scale[2];
+};
+// The same block's 32 activation codes of the lane and the block's activation scale.
+struct Fp4TokenWords {
+  uint4 x[2];
   float sx;
 };
 
-// Grid (tile groups of kWarps / S tiles, routed rows); see the top.
+// Grid (tile groups of kWarps / S tiles, routed rows); see the top. kMats 2: each row's gate and up
+// matrices against the same x, and y receives their SwiGLU.
+template <int kMats>
 __global__ void __launch_bounds__(kWarps * 32) tc_gemv_fp4_kernel(TcGemvArgs a) {
-  __shared__ float sums[kWarps][32][2];
+  __shared__ float sums[kWarps][32][2 * kMats];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int S = a.split, tiles_per_block = kWarps / S, tile = blockIdx.x * tiles_per_block + warp / S, s = warp % S;
   const int64_t r_base = int64_t(tile) * kTileRows, m = blockIdx.y;
   await_previous_kernel();  // the routing comes from the kernels before
   const int32_t v = a.view_of_row[m];
-  if (v < 0 || v >= a.n_views) {  // no expert: contributes nothing (as on the CPU)
+  if (v < 0 || v >= a.n_views) {  // no expert: contributes nothing (as on the CPU; h = swiglu(0, 0) = 0)
     const int64_t first = int64_t(blockIdx.x) * tiles_per_block * kTileRows;
     for (int64_t r = first + threadIdx.x; r < min(a.rows, first + tiles_per_block * kTileRows); r += blockDim.x)
       a.y[m * a.y_stride + r] = 0.0f;
     return;
   }
-  const LinearView W = a.table[v];
   const int64_t K = a.K, n_blocks = K / 128, last = a.rows - 1, src = m / a.x_div;
   const int64_t rows[2] = {min(r_base + g, last), min(r_base + g + 8, last)};  // past the end: not written
-  const uint8_t* w_at[2];
-  const uint8_t* s_at[2];
-  int top[2];
+  const uint8_t* w_at[kMats][2];
+  const uint8_t* s_at[kMats][2];
+  int top[kMats][2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    w_at[h] = W.data + rows[h] * (K / 2) + 16 * t;
-    s_at[h] = W.scale + rows[h] * W.scale_cols;  // E8M0 bytes (tc_gemv_handles)
-    top[h] = row_top_exponent(s_at[h], K / 32, t);
-  }
-  const uint8_t* x = a.x + src * K + 32 * t;
-  auto load = [&](Fp4BlockWords& f, int64_t b) {
+  for (int q = 0; q < kMats; ++q) {
+    const LinearView W = (q == 0 ? a.table : a.up.table)[v];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      f.w[h] = __ldg(reinterpret_cast<const uint4*>(w_at[h] + 64 * b));
-      f.x[h] = __ldg(reinterpret_cast<const uint4*>(x + 128 * b + 16 * h));
-      f.scale[h] = s_at[h][4 * b + t];
+      w_at[q][h] = W.data + rows[h] * (K / 2) + 16 * t;
+      s_at[q][h] = W.scale + rows[h] * W.scale_cols;  // E8M0 bytes (tc_gemv_handles)
+      top[q][h] = row_top_exponent(s_at[q][h], K / 32, t);
     }
-    f.sx = __ldg(a.sx + b * a.n_src + src);
+  }
+  const uint8_t* x = a.x + src * K + 32 * t;
+  auto load = [&](Fp4Words (&f)[kMats], Fp4TokenWords& fx, int64_t b) {
+#pragma unroll
+    for (int q = 0; q < kMats; ++q)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        f[q].w[h] = __ldg(reinterpret_cast<const uint4*>(w_at[q][h] + 64 * b));
+        f[q].scale[h] = s_at[q][h][4 * b + t];
+      }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) fx.x[h] = __ldg(reinterpret_cast<const uint4*>(x + 128 * b + 16 * h));
+    fx.sx = __ldg(a.sx + b * a.n_src + src);
   };
 
-  float acc[2] = {};  // rows g, g + 8 (column 0; see the top)
-  Fp4BlockWords next;
-  if (s < n_blocks) load(next, s);
+  float acc[kMats][2] = {};  // rows g, g + 8 (column 0; see the top)
+  Fp4Words next[kMats];
+  Fp4TokenWords next_x;
+  if (s < n_blocks) load(next, next_x, s);
   for (int64_t b = s; b < n_blocks; b += S) {
-    const Fp4BlockWords now = next;
-    if (b + S < n_blocks) load(next, b + S);
-    const uint32_t factor[2] = {block_factor(top[0] - int(now.scale[0])), block_factor(top[1] - int(now.scale[1]))};
-    float c[4] = {};
+    Fp4Words now[kMats];
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {  // codes 8q … 8q + 7 of the lane's 32: the even ones, then the odd
-      const uint32_t wg = word_of(now.w[0], q), wh = word_of(now.w[1], q);
-      const uint32_t x_lo = word_of(now.x[q / 2], 2 * (q % 2)), x_hi = word_of(now.x[q / 2], 2 * (q % 2) + 1);
+    for (int q = 0; q < kMats; ++q) now[q] = next[q];
+    const Fp4TokenWords now_x = next_x;
+    if (b + S < n_blocks) load(next, next_x, b + S);
+    uint32_t factor[kMats][2];
+#pragma unroll
+    for (int q = 0; q < kMats; ++q)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) factor[q][h] = block_factor(top[q][h] - int(now[q].scale[h]));
+    float c[kMats][4] = {};
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {  // codes 8p … 8p + 7 of the lane's 32: the even ones, then the odd
+      const uint32_t x_lo = word_of(now_x.x[p / 2], 2 * (p % 2)), x_hi = word_of(now_x.x[p / 2], 2 * (p % 2) + 1);
 #pragma unroll
       for (int odd = 0; odd < 2; ++odd) {
-        const uint32_t cg = odd ? e2m1_as_e4m3<true>(wg) : e2m1_as_e4m3<false>(wg);
-        const uint32_t ch = odd ? e2m1_as_e4m3<true>(wh) : e2m1_as_e4m3<false>(wh);
         const uint32_t cx = __byte_perm(x_lo, x_hi, odd ? 0x7531 : 0x6420);  // the same codes of x
-        const uint32_t A[4] = {mul_f16x2(e4m3x2_as_f16x2(cg, false), factor[0]),
-                               mul_f16x2(e4m3x2_as_f16x2(ch, false), factor[1]),
-                               mul_f16x2(e4m3x2_as_f16x2(cg, true), factor[0]),
-                               mul_f16x2(e4m3x2_as_f16x2(ch, true), factor[1])};
-        mma_f16(c, A, e4m3x2_as_f16x2(cx, false), e4m3x2_as_f16x2(cx, true));
+        const uint32_t b0 = e4m3x2_as_f16x2(cx, false), b1 = e4m3x2_as_f16x2(cx, true);
+#pragma unroll
+        for (int q = 0; q < kMats; ++q) {
+          const uint32_t wg = word_of(now[q].w[0], p), wh = word_of(now[q].w[1], p);
+          const uint32_t cg = odd ? e2m1_as_e4m3<true>(wg) : e2m1_as_e4m3<false>(wg);
+          const uint32_t ch = odd ? e2m1_as_e4m3<true>(wh) : e2m1_as_e4m3<false>(wh);
+          const uint32_t A[4] = {mul_f16x2(e4m3x2_as_f16x2(cg, false), factor[q][0]),
+                                 mul_f16x2(e4m3x2_as_f16x2(ch, false), factor[q][1]),
+                                 mul_f16x2(e4m3x2_as_f16x2(cg, true), factor[q][0]),
+                                 mul_f16x2(e4m3x2_as_f16x2(ch, true), factor[q][1])};
+          mma_f16(c[q], A, b0, b1);
+        }
       }
     }
-    acc[0] += c[0] * now.sx;  // §5: the block's partial · s_x
-    acc[1] += c[2] * now.sx;
+#pragma unroll
+    for (int q = 0; q < kMats; ++q) {
+      acc[q][0] += c[q][0] * now_x.sx;  // §5: the block's partial · s_x
+      acc[q][1] += c[q][2] * now_x.sx;
+    }
   }
-  sums[warp][lane][0] = acc[0];
-  sums[warp][lane][1] = acc[1];
+#pragma unroll
+  for (int q = 0; q < kMats; ++q) sums[warp][lane][2 * q] = acc[q][0], sums[warp][lane][2 * q + 1] = acc[q][1];
   __syncthreads();
   if (s != 0 || t != 0) return;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float sum = 0.0f;
-    for (int q = 0; q < S; ++q) sum += sums[warp + q][lane][h];
+    float out[kMats];
+#pragma unroll
+    for (int q = 0; q < kMats; ++q) {
+      float sum = 0.0f;
+      for (int p = 0; p < S; ++p) sum += sums[warp + p][lane][2 * q + h];
+      out[q] = round_bf16(sum * e8m0_to_f32(uint8_t(top[q][h])));
+    }
     const int64_t row = r_base + g + 8 * h;
-    if (row < a.rows) a.y[m * a.y_stride + row] = round_bf16(sum * e8m0_to_f32(uint8_t(top[h])));
+    if (row < a.rows)
+      a.y[m * a.y_stride + row] =
+          kMats == 1 ? out[0] : swiglu_f(out[0], out[kMats - 1], a.up.row_weights ? a.up.row_weights + m : nullptr, a.up.limit, true);
   }
 }
 
@@ -269,13 +345,17 @@ bool tc_gemv_handles(const GemmRequest& r) {
          r.row0 % kTileRows == 0 && r.rows > 0;
 }
 
-void tc_gemv(const GemmRequest& r, const uint8_t* x_codes, const float* x_scales, int sm_count, cudaStream_t stream) {
+void tc_gemv(const GemmRequest& r, const SwigluUp* swiglu, const uint8_t* x_codes, const float* x_scales, int sm_count,
+             cudaStream_t stream) {
   // Token groups of kTokens; with a table every row is its own group (its own matrix).
   const int64_t tiles = (r.rows + kTileRows - 1) / kTileRows, groups = r.table ? r.T : (r.T + kTokens - 1) / kTokens;
   const int64_t n_blocks = r.W.in / 128;
-  // S: the fewest warps per tile that give every SM 16 warps, while each keeps a K block.
+  // S: the fewest warps per tile that give every SM 16 warps' products, while each keeps a K block (a
+  // warp of the SwiGLU's kernels makes two; their 120–128 registers leave room for two blocks per
+  // SM, so a split counted in warps would take two waves).
+  const int64_t products = tiles * groups * (swiglu ? 2 : 1);
   int split = 1;
-  while (split < kWarps && 2 * split <= n_blocks && tiles * groups * split < 16 * int64_t(sm_count)) split *= 2;
+  while (split < kWarps && 2 * split <= n_blocks && products * split < 16 * int64_t(sm_count)) split *= 2;
   const int64_t tile_groups = (tiles + kWarps / split - 1) / (kWarps / split);
   DSV4_CUDA_REQUIRE(groups < 65536 && tile_groups < (int64_t(1) << 31), "tc_gemv: ", r.T, " tokens × ", r.rows,
                     " rows exceed the launch limits");
@@ -283,8 +363,17 @@ void tc_gemv(const GemmRequest& r, const uint8_t* x_codes, const float* x_scales
   a.W = r.W, a.x = x_codes, a.sx = x_scales, a.n_src = r.source_rows(), a.x_div = r.x_div, a.K = r.W.in, a.T = r.T;
   a.y = r.y, a.y_stride = r.y_stride, a.row0 = r.row0, a.rows = r.rows, a.split = split;
   a.table = r.table, a.view_of_row = r.view_of_row, a.n_views = r.n_views;
-  launch(r.table ? tc_gemv_fp4_kernel : tc_gemv_kernel, dim3(unsigned(tile_groups), unsigned(groups)), kWarps * 32, 0,
-         stream, a);
+  if (swiglu) {
+    DSV4_CUDA_REQUIRE(r.table ? swiglu->table != nullptr
+                              : swiglu->W.format == r.W.format && swiglu->W.in == r.W.in &&
+                                    swiglu->W.out >= r.row0 + r.rows && swiglu->W.scale_is_f32 == r.W.scale_is_f32,
+                      "tc_gemv: the SwiGLU's up matrix does not match its gate");
+    a.up = *swiglu;
+  }
+  const dim3 grid{unsigned(tile_groups), unsigned(groups)};
+  void (*kernel)(TcGemvArgs) = r.table ? (swiglu ? tc_gemv_fp4_kernel<2> : tc_gemv_fp4_kernel<1>)
+                                       : (swiglu ? tc_gemv_kernel<2> : tc_gemv_kernel<1>);
+  launch(kernel, grid, kWarps * 32, 0, stream, a);
   DSV4_CUDA_LAUNCHED("tc_gemv");
 }
 

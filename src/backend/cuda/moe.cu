@@ -11,7 +11,9 @@
 // projection over all (token, slot) rows, each row reading the matrix of its selected expert
 // (GemmRequest.table), so decode reads only the selected experts' weights. Each row's arithmetic
 // is the CPU's for that token alone (the CPU batches an expert's tokens, which changes nothing
-// per row). route: one block per token, the top-k as k block-wide argmax passes.
+// per row). In deepseek-tc decode, gate and up are one launch whose epilogue is the SwiGLU
+// (tc_gemv), and the shared expert's products reuse the routed ones' quantized x. route: one block
+// per token, the top-k as k block-wide argmax passes.
 #include <algorithm>
 
 #include "backend/cuda/cuda_backend.h"
@@ -95,14 +97,7 @@ __global__ void __launch_bounds__(kSwigluThreads)
   load4(g + row * F, f0, F, whole, gv);
   load4(u + row * F, f0, F, whole, uv);
 #pragma unroll
-  for (int k = 0; k < kRowGroup; ++k) {
-    if (limit > 0) {
-      gv[k] = fminf(gv[k], limit);
-      uv[k] = fminf(fmaxf(uv[k], -limit), limit);
-    }
-    const float h = silu_f(gv[k]) * uv[k];
-    gv[k] = round_if(bf16, w ? h * w[row] : h);
-  }
+  for (int k = 0; k < kRowGroup; ++k) gv[k] = swiglu_f(gv[k], uv[k], w ? w + row : nullptr, limit, bf16);
   store4(g + row * F, f0, F, whole, gv);
 }
 
@@ -166,20 +161,22 @@ void CudaBackend::route(const model::MoeWeights& m, const float* x, const int32_
   DSV4_CUDA_LAUNCHED("route");
 }
 
-void CudaBackend::expert_ffn(GemmRequest gate, GemmRequest up, GemmRequest down, const float* row_weights,
-                             double limit) {
+void CudaBackend::swiglu_hidden(GemmRequest gate, GemmRequest up, const float* row_weights, double limit, float* h) {
   const int64_t rows = gate.T, F = gate.rows;
   if (rows * F == 0) return;
-  DeviceArray<float> g(memory_, size_t(rows * F)), u(memory_, size_t(rows * F));
-  gate.y = g.get(), gate.y_stride = F;
+  gate.y = h, gate.y_stride = F;
+  if (on_tc_gemv(gate)) {  // decode: one launch reads both matrices and writes h
+    const SwigluUp pair{up.W, up.table, row_weights, float(limit)};
+    gemm(gate, &pair);
+    return;
+  }
+  DeviceArray<float> u(memory_, size_t(rows * F));
   up.y = u.get(), up.y_stride = F;
   up.x_as_before = true;  // the same x as gate's: quantized once (two launches fewer per layer)
   gemm(gate);
   gemm(up);
-  launch(swiglu_kernel, row_group_grid(rows, F, kSwigluThreads), kSwigluThreads, 0, stream_, g.get(), u.get(), F, row_weights, float(limit), deepseek());
+  launch(swiglu_kernel, row_group_grid(rows, F, kSwigluThreads), kSwigluThreads, 0, stream_, h, u.get(), F, row_weights, float(limit), deepseek());
   DSV4_CUDA_LAUNCHED("moe (swiglu)");
-  down.x = g.get(), down.x_stride = F, down.x_div = 1, down.T = rows;
-  gemm(down);
 }
 
 void CudaBackend::moe(const model::MoeWeights& m, const float* x, const int32_t* sel, const float* weights,
@@ -204,7 +201,6 @@ void CudaBackend::moe(const model::MoeWeights& m, const float* x, const int32_t*
   for (int64_t c0 = 0; c0 < T; c0 += kMoeTokenChunk) {
     const int64_t nt = std::min(kMoeTokenChunk, T - c0);
     // Routed experts: rows (token, slot), each through the matrices of its selected expert.
-    DeviceArray<float> expert_out(memory_, size_t(nt * k * D));
     GemmRequest gate, up, down;
     for (GemmRequest* r : {&gate, &up, &down}) {
       r->W = device_linear(m.experts[0].w1);  // format/shape template; rows read their own view
@@ -213,19 +209,31 @@ void CudaBackend::moe(const model::MoeWeights& m, const float* x, const int32_t*
     gate.table = w1, up.table = w3, down.table = w2;
     down.W = device_linear(m.experts[0].w2);
     gate.x = up.x = x + c0 * D, gate.x_stride = up.x_stride = D, gate.x_div = up.x_div = k;
-    gate.rows = up.rows = F, down.rows = D;
-    down.y = expert_out.get(), down.y_stride = D;
-    expert_ffn(gate, up, down, weights + c0 * k, limit);
+    gate.rows = up.rows = F;
+    DeviceArray<float> h(memory_, size_t(nt * k * F));
+    swiglu_hidden(gate, up, weights + c0 * k, limit, h.get());
 
-    DeviceArray<float> shared(memory_, m.shared ? size_t(nt * D) : 0);
+    // The shared expert's hidden rows next, while the routed products' quantized x (the same
+    // rows) is still in the scratch.
+    const int64_t Fs = m.shared ? m.shared->w1.out : 0;
+    DeviceArray<float> hs(memory_, size_t(nt * Fs));
+    GemmRequest sg, su, sd;
     if (m.shared) {
-      GemmRequest sg, su, sd;
       sg.W = device_linear(m.shared->w1), su.W = device_linear(m.shared->w3), sd.W = device_linear(m.shared->w2);
       for (GemmRequest* r : {&sg, &su, &sd}) r->compute = Compute::quantized, r->T = nt;
       sg.x = su.x = x + c0 * D, sg.x_stride = su.x_stride = D;
-      sg.rows = su.rows = m.shared->w1.out, sd.rows = D;
-      sd.y = shared.get(), sd.y_stride = D;
-      expert_ffn(sg, su, sd, nullptr, limit);
+      sg.rows = su.rows = Fs;
+      sg.x_as_before = true;
+      swiglu_hidden(sg, su, nullptr, limit, hs.get());
+    }
+
+    DeviceArray<float> expert_out(memory_, size_t(nt * k * D));
+    down.x = h.get(), down.x_stride = F, down.rows = D, down.y = expert_out.get(), down.y_stride = D;
+    gemm(down);
+    DeviceArray<float> shared(memory_, size_t(nt * (m.shared ? D : 0)));
+    if (m.shared) {
+      sd.x = hs.get(), sd.x_stride = Fs, sd.rows = D, sd.y = shared.get(), sd.y_stride = D;
+      gemm(sd);
     }
     launch(moe_combine_kernel, row_group_grid(nt, D, kCombineThreads), kCombineThreads, 0, stream_, expert_out.get(), shared.get(), sel + c0 * k, k, D,
            deepseek(), out + c0 * D);

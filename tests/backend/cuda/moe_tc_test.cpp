@@ -9,7 +9,7 @@
 // everywhere it reaches). Small K often sums exactly in fp32 as well; the cases without a shared
 // expert and with K = 512 must differ somewhere, which shows the tensor cores ran. Too few rows
 // per expert take the decode kernels: with K a multiple of 512 the f16 mma (gemv_tc.cu, the same
-// bound), else the exact kernel, bit for bit.
+// bound; gate, up and the SwiGLU in one launch), else the exact kernel, bit for bit.
 #include <algorithm>
 
 #include "moe_case.h"
@@ -55,6 +55,9 @@ TEST(CudaTensorCores, RoutedExpertsWithinTheRoundingBound) {
       {{5, 64, 512, 512, 6, false, false, 10.0}, tensor_cores_differ},
       {{5, 64, 512, 512, 6, false, false, 10.0}, tensor_cores, true},  // blocks 2^-26 and 2^-40 below: dropped
       {{2, 40, 1024, 512, 4, true, true, 0.5}, tensor_cores},          // a hash layer and a shared expert
+      // gate and up in one launch with the SwiGLU (both mma kernels) over F = 224, 14 tiles of 16
+      // rows: the last block's tiles past F write nothing; the down products of K 224 are exact
+      {{3, 48, 512, 224, 6, false, true, 0.5}, tensor_cores},
   };
   for (const auto& [c, path, wide_scales] : cases) {
     MoeInputs in(c, vocab);
