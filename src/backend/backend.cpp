@@ -20,6 +20,13 @@ Numerics parse_numerics(const std::string& name) {
   fail(ErrorCode::invalid_input, "numerics '{}': expected 'deepseek', 'plain' or 'deepseek-tc'", name);
 }
 
+void Backend::hc_pre_norm(const model::HcParams& p, const float* w, const float* X, int64_t T, int64_t hc,
+                          int64_t D, int64_t sinkhorn_iters, double hc_eps, double norm_eps, float* u, float* post,
+                          float* comb, float* x) {
+  hc_pre(p, X, T, hc, D, sinkhorn_iters, hc_eps, norm_eps, u, post, comb);
+  rms_norm(u, w, T, D, norm_eps, x);
+}
+
 void Backend::grouped_linear(const model::Linear& W, Compute compute, const float* x, int64_t T, int64_t groups,
                              float* y) {
   DSV4_CHECK(groups > 0 && W.out % groups == 0, "{}: {} rows do not split into {} groups", W.name, W.out, groups);

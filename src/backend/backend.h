@@ -163,6 +163,11 @@ class Backend {
   virtual void hc_pre(const model::HcParams& p, const float* X, int64_t T, int64_t hc, int64_t D,
                       int64_t sinkhorn_iters, double hc_eps, double norm_eps, float* u, float* post,
                       float* comb) = 0;
+  // hc_pre, then x = RMSNorm(u) with the sublayer's norm weight w (as rms_norm): one op so a device
+  // backend can do both in one pass. By definition the two calls (the default).
+  virtual void hc_pre_norm(const model::HcParams& p, const float* w, const float* X, int64_t T, int64_t hc,
+                           int64_t D, int64_t sinkhorn_iters, double hc_eps, double norm_eps, float* u, float* post,
+                           float* comb, float* x);
   // X_out may be X (updated in place).
   virtual void hc_post(const float* a, const float* X, const float* post, const float* comb, int64_t T,
                        int64_t hc, int64_t D, float* X_out) = 0;

@@ -162,11 +162,11 @@ Engine::SublayerInput Engine::enter_sublayer(const model::HcParams& hc, const st
   Backend& b = *backend_;
   SublayerInput in{Buffer(b, size_t(T * n_hc)), Buffer(b, size_t(T * n_hc * n_hc)), Buffer(b, size_t(T * D))};
   Buffer u(b, size_t(T * D));
-  b.hc_pre(hc, X, T, n_hc, D, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, u.get(), in.post.get(), in.comb.get());
+  b.hc_pre_norm(hc, norm.data(), X, T, n_hc, D, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, u.get(),
+                in.post.get(), in.comb.get(), in.x.get());
   trace(tracer, hc_name + ".u", u.get(), {T, D});
   trace(tracer, hc_name + ".post", in.post.get(), {T, n_hc});
   trace(tracer, hc_name + ".comb", in.comb.get(), {T, n_hc, n_hc});
-  b.rms_norm(u.get(), norm.data(), T, D, c.rms_norm_eps, in.x.get());
   trace(tracer, x_name, in.x.get(), {T, D});
   return in;
 }

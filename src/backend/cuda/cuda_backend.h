@@ -137,6 +137,9 @@ class CudaBackend final : public Backend {
 
   void hc_pre(const model::HcParams& p, const float* X, int64_t T, int64_t hc, int64_t D, int64_t sinkhorn_iters,
               double hc_eps, double norm_eps, float* u, float* post, float* comb) override;
+  void hc_pre_norm(const model::HcParams& p, const float* w, const float* X, int64_t T, int64_t hc, int64_t D,
+                   int64_t sinkhorn_iters, double hc_eps, double norm_eps, float* u, float* post, float* comb,
+                   float* x) override;
   void hc_post(const float* a, const float* X, const float* post, const float* comb, int64_t T, int64_t hc,
                int64_t D, float* X_out) override;
   void hc_head(const model::HcParams& p, const float* X, int64_t T, int64_t hc, int64_t D, double hc_eps,
@@ -264,6 +267,11 @@ class CudaBackend final : public Backend {
   // w1, w3 (§3.6), into h [gate.T, gate.rows]; gate and up carry x and the weights (up reuses gate's
   // quantized x). The down product (w2) is the caller's.
   void swiglu_hidden(GemmRequest gate, GemmRequest up, const float* row_weights, double limit, float* h);
+
+  // hc_pre and hc_pre_norm (hc.cu): with w (a device copy), x = RMSNorm(u) in the same launch.
+  void launch_hc_pre(const model::HcParams& p, const float* w, const float* X, int64_t T, int64_t hc, int64_t D,
+                     int64_t sinkhorn_iters, double hc_eps, double norm_eps, float* u, float* post, float* comb,
+                     float* x);
 
   // Lets `kernel` take up to the device's opt-in shared memory per block (set once per kernel),
   // or fails, naming `what`, when `bytes` is more than that.

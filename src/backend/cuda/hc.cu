@@ -12,6 +12,9 @@
 // 50 µs per token on an H200). In prefill one block of 256 threads per token does everything, so
 // its state is read once, and the many blocks per SM hide the Sinkhorn's latency (two blocks per
 // token, the Sinkhorn's holding 1024 threads: 1.17 ms per call at 8 192 tokens).
+// hc_pre_norm in prefill, the sublayer's input norm joined: the norm needs a token's whole u, so
+// its one block per token does it, the norm's mean a block reduction after the collapse (at
+// decode it stays hc_pre then rms_norm: see hc_pre_norm).
 // hc_post: a thread per 4 d of a token, all hc streams (in place: the engine passes X_out = X).
 #include <algorithm>
 
@@ -67,17 +70,22 @@ __device__ float sinkhorn(float m, int hc, int64_t iters, float eps) {
 }
 
 // u[t] = Σ_h pre_h · X[t, h] over dims [d_begin, d_end) of D (sequential over h, in double,
-// rounded once), by `workers` threads of which this is number `worker`.
-__device__ void collapse(const float* x, const double (&pre)[kMaxHc], int hc, int64_t D, int64_t d_begin,
-                         int64_t d_end, int worker, int workers, bool bf16, float* u) {
+// rounded once), by `workers` threads of which this is number `worker`. Returns the sum of the
+// written u² (in double), this thread's share of the input norm's mean.
+__device__ double collapse(const float* x, const double (&pre)[kMaxHc], int hc, int64_t D, int64_t d_begin,
+                           int64_t d_end, int worker, int workers, bool bf16, float* u) {
+  double squares = 0.0;
 #pragma unroll 4
   for (int64_t d = d_begin + worker; d < d_end; d += workers) {
     double acc = 0.0;
 #pragma unroll
     for (int h = 0; h < kMaxHc; ++h)
       if (h < hc) acc += pre[h] * double(x[h * D + d]);
-    u[d] = round_if(bf16, float(acc));
+    const float v = round_if(bf16, float(acc));
+    u[d] = v;
+    squares += double(v) * double(v);
   }
+  return squares;
 }
 
 struct HcArgs {
@@ -98,9 +106,13 @@ __device__ inline void pre_gates(const HcArgs& a, const float* m, float rs, doub
 
 // Grid (T, parts). parts > 1: block (t, s < parts − 1) writes u over the s-th slice of D, block
 // (t, parts − 1) the post gates and the Sinkhorn in its warp 0. parts = 1: the one block does both,
-// u by its warps after the first. Each block finds the stream RMS itself.
-__global__ void __launch_bounds__(kTokenThreads)
-    hc_pre_kernel(HcArgs a, const float* X, const float* mix, float* u, float* post, float* comb) {
+// u by its warps after the first. Each block finds the stream RMS itself. With a norm weight w
+// (parts = 1: the norm needs all of u), the block then writes x = RMSNorm(u) as rms_norm_kernel
+// does: the mean of u² in double, inv = rsqrt(fp32(mean) + eps), x = w · (u · inv) rounded; each
+// thread rereads the u it wrote (saving the separate norm's launch, about 6 µs at decode).
+__global__ void __launch_bounds__(kTokenThreads) hc_pre_kernel(HcArgs a, const float* X, const float* mix,
+                                                               const float* w, float* u, float* post, float* comb,
+                                                               float* x_norm) {
   await_previous_kernel();
   __shared__ double scratch[32];
   const int64_t t = blockIdx.x;
@@ -108,21 +120,30 @@ __global__ void __launch_bounds__(kTokenThreads)
   const float* x = X + t * hc * a.D;
   const float rs = stream_rms_inverse(x, hc * a.D, a.norm_eps, scratch);
   const float* m = mix + t * a.mix_n;  // scaled by rs where used
-  const bool gates_block = int(blockIdx.y) == parts - 1;
-  if (gates_block && e < 32) {
+  const bool gates_block = int(blockIdx.y) == parts - 1, sinkhorn_warp = gates_block && e < 32;
+  double squares = 0.0;
+  if (sinkhorn_warp) {
     if (e < hc) post[t * hc + e] = 2.0f * sigmoid_f(m[hc + e] * rs * a.scale1 + a.base[hc + e]);
     const float logit = e < hc * hc ? m[2 * hc + e] * rs * a.scale2 + a.base[2 * hc + e] : 0.0f;
     const float projected = sinkhorn(logit, hc, a.sinkhorn_iters, a.hc_eps);
     if (e < hc * hc) comb[t * hc * hc + e] = projected;
-    return;
+    if (!w) return;
+  } else {
+    if (gates_block && parts > 1) return;
+    double pre[kMaxHc];
+    pre_gates(a, m, rs, pre);
+    const int slices = parts > 1 ? parts - 1 : 1, first = gates_block ? 32 : 0;  // (threads before first: the Sinkhorn)
+    const int64_t per = (a.D + slices - 1) / slices, d_begin = blockIdx.y * per;
+    squares = collapse(x, pre, hc, a.D, d_begin, min(a.D, d_begin + per), e - first, int(blockDim.x) - first, a.bf16,
+                       u + t * a.D);
+    if (!w) return;
   }
-  if (gates_block && parts > 1) return;
-  double pre[kMaxHc];
-  pre_gates(a, m, rs, pre);
-  const int slices = parts > 1 ? parts - 1 : 1, first = gates_block ? 32 : 0;  // (threads before first: the Sinkhorn)
-  const int64_t per = (a.D + slices - 1) / slices, d_begin = blockIdx.y * per;
-  collapse(x, pre, hc, a.D, d_begin, min(a.D, d_begin + per), e - first, int(blockDim.x) - first, a.bf16,
-           u + t * a.D);
+  // The norm (parts = 1, every thread of the block here): the collapse's threads reread their d.
+  const float inv = rsqrt_f(float(block_sum(squares, scratch) / double(a.D)) + a.norm_eps);
+  if (sinkhorn_warp) return;
+  const float* ut = u + t * a.D;
+  float* xt = x_norm + t * a.D;
+  for (int64_t d = e - 32; d < a.D; d += int(blockDim.x) - 32) xt[d] = round_if(a.bf16, w[d] * (ut[d] * inv));
 }
 
 __global__ void __launch_bounds__(kTokenThreads) hc_head_kernel(HcArgs a, const float* X, const float* mix, float* y) {
@@ -180,6 +201,27 @@ __global__ void __launch_bounds__(kPostThreads) hc_post_kernel(const float* a, c
 void CudaBackend::hc_pre(const model::HcParams& p, const float* X, int64_t T, int64_t hc, int64_t D,
                          int64_t sinkhorn_iters, double hc_eps, double norm_eps, float* u, float* post, float* comb) {
   Timed timed(*this, "hc_pre");
+  launch_hc_pre(p, nullptr, X, T, hc, D, sinkhorn_iters, hc_eps, norm_eps, u, post, comb, nullptr);
+}
+
+void CudaBackend::hc_pre_norm(const model::HcParams& p, const float* w, const float* X, int64_t T, int64_t hc,
+                              int64_t D, int64_t sinkhorn_iters, double hc_eps, double norm_eps, float* u, float* post,
+                              float* comb, float* x) {
+  // At decode the slices of D beside the Sinkhorn's block, then the norm's launch, are faster than
+  // one block per token doing all three (H100, 4 layers: 17.5 µs a call against 13.9 + 5.8, and
+  // decode 0.6–1% slower); in prefill the joined norm saves a pass over the rows.
+  if (2 * T <= sm_count_) return Backend::hc_pre_norm(p, w, X, T, hc, D, sinkhorn_iters, hc_eps, norm_eps, u, post,
+                                                      comb, x);
+  Timed timed(*this, "hc_pre_norm");
+  DSV4_CUDA_REQUIRE(w != nullptr, "hc_pre_norm: no norm weight");
+  // w is a model weight (host memory): its device copy, uploaded once.
+  const float* dw = static_cast<const float*>(upload(w, size_t(D) * sizeof(float)));
+  launch_hc_pre(p, dw, X, T, hc, D, sinkhorn_iters, hc_eps, norm_eps, u, post, comb, x);
+}
+
+void CudaBackend::launch_hc_pre(const model::HcParams& p, const float* w, const float* X, int64_t T, int64_t hc,
+                                int64_t D, int64_t sinkhorn_iters, double hc_eps, double norm_eps, float* u,
+                                float* post, float* comb, float* x) {
   if (T == 0) return;
   const int64_t mix_n = p.fn.out;  // (2 + hc)·hc
   DSV4_CUDA_REQUIRE(hc <= kMaxHc && mix_n == (2 + hc) * hc && p.scale.size() >= 3 &&
@@ -191,11 +233,11 @@ void CudaBackend::hc_pre(const model::HcParams& p, const float* X, int64_t T, in
                  float(hc_eps), float(norm_eps), deepseek()};
   // At decode, slices of D for u while another block runs the Sinkhorn: as many as leave one block
   // per SM (the op is these few blocks; one block doing it all took 16 µs on an H200). With a block
-  // per SM or more, one block per token.
+  // per SM or more, or with the norm (it needs all of u in one block), one block per token.
   const bool few = 2 * T <= sm_count_;
-  const int parts = few ? int(std::clamp<int64_t>(sm_count_ / T - 1, 1, kMaxPreSlices)) + 1 : 1;
+  const int parts = few && !w ? int(std::clamp<int64_t>(sm_count_ / T - 1, 1, kMaxPreSlices)) + 1 : 1;
   launch(hc_pre_kernel, dim3(unsigned(T), unsigned(parts)), few ? kTokenThreads : kPrefillThreads, 0, stream_, a, X,
-         mix.get(), u, post, comb);
+         mix.get(), w, u, post, comb, x);
   DSV4_CUDA_LAUNCHED("hc_pre");
 }
 

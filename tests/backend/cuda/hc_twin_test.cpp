@@ -18,13 +18,15 @@ HcWeights random_hc(const std::string& name, int64_t mix, int64_t hc, int64_t D)
   return w;
 }
 
-// hc_pre, then hc_post out of place and in place, on random operands of T tokens.
+// hc_pre, then hc_post out of place and in place, on random operands of T tokens; and hc_pre_norm
+// (the CPU's is hc_pre then rms_norm, the CUDA one a launch of its own).
 static void expect_hc_pre_post(int64_t T, int64_t hc, int64_t D) {
   const std::string name = "hc_pre/post T" + std::to_string(T) + " hc" + std::to_string(hc) + " D" + std::to_string(D);
   const int64_t mix = (2 + hc) * hc;
   const HcWeights w = random_hc(name, mix, hc, D);
   const std::vector<float> X = random_bf16(name + ".X", size_t(T * hc * D));
   const std::vector<float> a = random_bf16(name + ".a", size_t(T * D));
+  const std::vector<float> norm_w = random_uniform(name + ".norm", size_t(D), 0.5f, 1.5f);
   expect_twins_both(name, [&](Side& s) {
     float* u = s.out(size_t(T * D));
     float* post = s.out(size_t(T * hc));
@@ -35,8 +37,17 @@ static void expect_hc_pre_post(int64_t T, int64_t hc, int64_t D) {
     s->hc_post(s.in(a), Xd, post, comb, T, hc, D, X_out);
     float* X_in_place = s.in(X);  // as the engine calls it
     s->hc_post(s.in(a), X_in_place, post, comb, T, hc, D, X_in_place);
+    float* u_n = s.out(size_t(T * D));
+    float* post_n = s.out(size_t(T * hc));
+    float* comb_n = s.out(size_t(T * hc * hc));
+    float* x_n = s.out(size_t(T * D));
+    s->hc_pre_norm(w.p, norm_w.data(), Xd, T, hc, D, 20, 1e-6, 1e-6, u_n, post_n, comb_n, x_n);
     Outputs o;
     o.add("u", s.read(u, size_t(T * D)));
+    o.add("norm's u", s.read(u_n, size_t(T * D)));
+    o.add("norm's post", s.read(post_n, size_t(T * hc)));
+    o.add("norm's comb", s.read(comb_n, size_t(T * hc * hc)));
+    o.add("norm's x", s.read(x_n, size_t(T * D)));
     o.add("post", s.read(post, size_t(T * hc)));
     o.add("comb", s.read(comb, size_t(T * hc * hc)));
     o.add("X_out", s.read(X_out, size_t(T * hc * D)));
