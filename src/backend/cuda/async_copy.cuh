@@ -1,7 +1,8 @@
 // Copies from global to shared memory that pass through no register (cp.async, sm_80 on), in
 // groups a thread commits and then waits for, all but its newest few. Used by the decode GEMV's
 // weight ring (gemm.cu), the integer tensor-core GEMM's plane staging (gemm_dmma.cu), and
-// deepseek-tc's attention rows (attention_tc.cu, bf16 rows) and experts' operands (gemm_experts_tc.cu).
+// deepseek-tc's attention rows (attention_tc.cu, bf16 rows), experts' operands (gemm_experts_tc.cu) and
+// dense FP8 products' operands and token scales (gemm_fp8_tc.cu).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -15,6 +16,12 @@ namespace dsv4::cuda {
 __device__ __forceinline__ void copy_async_16(void* dst, const void* src, bool valid) {
   const uint32_t to = shared_address(dst);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(to), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+
+// 4 bytes from src (global) to dst (shared), both 4-byte aligned; a zero when !valid, as above.
+__device__ __forceinline__ void copy_async_4(void* dst, const void* src, bool valid) {
+  const uint32_t to = shared_address(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(to), "l"(src), "r"(valid ? 4 : 0) : "memory");
 }
 
 // Closes the thread's copies issued since the last commit into one group.

@@ -59,11 +59,6 @@ static_assert(kThreads - 2 * kBN == kBM, "the threads past the weight scales' ta
 static_assert(kProducers * kProducerRegisters + kConsumers * kConsumerRegisters == kThreads * 168, "the block's registers");
 constexpr int kTopShift = 13;  // 6 · 2^13 is below e5m2's largest, 57 344; 0.5 · 2^-13 its smallest normal
 constexpr int kXBytes = kBM * kBK, kRawBytes = kBN * kBK / 2;
-// A K block's activation scales, by the consumer lane that reads them: lane % 4 = c promotes the
-// tokens 8j + 2c + e (j < 16, e < 2), whose scales sit at c · kScaleGroup + 2j + e (the groups
-// padded so the four lie on different banks).
-constexpr int kScaleGroup = 36, kBlockScales = 4 * kScaleGroup;
-__host__ __device__ constexpr int scale_place(int token) { return token % 8 / 2 * kScaleGroup + 2 * (token / 8) + token % 2; }
 // Bytes per weight row of the scale table (its E8M0 bytes, then their shift entries): one word per
 // K block (zeros past K), and a word more so that the rows a warp reads at once lie on different
 // banks.
@@ -316,18 +311,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       fragments(kb + 1, next);
     }
     wgmma_finish(part);
-    float s[32];  // s[2j + e]: token 8j + 2 lc + e's scale
-    const float4* from = reinterpret_cast<const float4*>(sx_s + kb * kBlockScales + lc * kScaleGroup);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float4 v = from[i];
-      s[4 * i] = v.x, s[4 * i + 1] = v.y, s[4 * i + 2] = v.z, s[4 * i + 3] = v.w;
-    }
+    float s[32];
+    load_token_scales(s, sx_s + kb * kBlockScales, lc);
     __syncwarp();
     if (lane == 0) barrier_arrive(&emptied[slot]);  // the warp is done with the stage
-    // part[4j + e]: row lr (+ 8 for e ≥ 2), token 8j + 2 lc (+ 1 for odd e).
-#pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] = fmaf(s[2 * (i / 4) + i % 2], part[i], acc[i]);
+    promote(acc, part, s);
   };
   uint32_t fa[16], fb[16];
   barrier_wait(&filled[0], 0);

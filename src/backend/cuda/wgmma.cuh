@@ -1,6 +1,6 @@
 // Hopper's asynchronous tensor-core products (wgmma) and the shared-memory barriers (mbarrier) and
-// bulk copies that feed them: what deepseek-tc's experts (gemm_experts_tc.cu), indexer
-// (indexer_fp4.cu) and attention (attention_tc.cu) kernels share. wgmma exists on sm_90a alone:
+// bulk copies that feed them: what deepseek-tc's experts (gemm_experts_tc.cu), dense FP8 products
+// (gemm_fp8_tc.cu), indexer (indexer_fp4.cu) and attention (attention_tc.cu) kernels share. wgmma exists on sm_90a alone:
 // DSV4_WGMMA is defined where it does, and elsewhere (the sm_80 PTX) those kernels are empty and
 // never chosen (device_has_wgmma).
 #pragma once
@@ -40,6 +40,31 @@ __device__ __forceinline__ unsigned char* at_swizzle_period(unsigned char* smem)
 // Byte offset of 16-byte chunk c of row r in a tile of 128-byte rows, as wgmma's 128-byte swizzle
 // reads it: the chunks of each row permuted by the row's index mod 8.
 __device__ __forceinline__ int swizzled(int r, int c) { return r * 128 + 16 * (c ^ (r & 7)); }
+
+// The promotion of an m64n128 product whose N are 128 token rows (the FP8 products of
+// gemm_experts_tc.cu and gemm_fp8_tc.cu): a thread's part[4j + e] is its weight row lr (+ 8 for
+// e ≥ 2) against token 8j + 2 lc + e % 2 (lr = lane / 4, lc = lane % 4), and one 128-block of K's
+// partial is added to acc times its token's scale. A K block's 128 token scales sit in shared memory
+// at scale_place(token), so lane lc reads its 32 in 8 float4 loads: tokens 8j + 2c + e at
+// c · kScaleGroup + 2j + e (the groups padded so the four c lie on different banks).
+constexpr int kScaleGroup = 36, kBlockScales = 4 * kScaleGroup;
+__host__ __device__ constexpr int scale_place(int token) { return token % 8 / 2 * kScaleGroup + 2 * (token / 8) + token % 2; }
+
+// s[2j + e]: the scale of token 8j + 2 lc + e, from a K block's kBlockScales.
+__device__ __forceinline__ void load_token_scales(float (&s)[32], const float* block_scales, int lc) {
+  const float4* from = reinterpret_cast<const float4*>(block_scales + lc * kScaleGroup);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float4 v = from[i];
+    s[4 * i] = v.x, s[4 * i + 1] = v.y, s[4 * i + 2] = v.z, s[4 * i + 3] = v.w;
+  }
+}
+
+// acc += s(token) · part, element by element (s from load_token_scales).
+__device__ __forceinline__ void promote(float (&acc)[64], const float (&part)[64], const float (&s)[32]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = fmaf(s[2 * (i / 4) + i % 2], part[i], acc[i]);
+}
 
 #ifdef DSV4_WGMMA
 // A shared-memory operand under the 128-byte swizzle (from a 1024-byte boundary), its 8-row groups

@@ -3,9 +3,11 @@
 // bf16: fp32 accumulation), so these are compared within bounds, not bit for bit: per element, one
 // bf16 rounding of the result plus a part of Σ|x·w| (what a truncated accumulator can lose; a wrong
 // scale or operand layout misses by the size of the result itself), and over the whole output a
-// relative error of bf16 size. Token counts cuBLASLt cannot take stay on the exact kernels, bit
-// for bit; below its row threshold the quantized FP8 products run on mma.sync (gemv_tc.cu), and
-// the bf16 ones, and FP8 rows from a row0 that is no multiple of 16, stay exact.
+// relative error of bf16 size. On a Hopper the quantized FP8 products run on our own kernel
+// (gemm_fp8_tc.cu), which takes every token count; elsewhere on cuBLASLt, and token counts it
+// cannot take stay on the exact kernels, bit for bit. Below the row threshold the quantized FP8
+// products run on mma.sync (gemv_tc.cu), and the bf16 ones, and FP8 rows from a row0 that is no
+// multiple of 16, stay exact.
 #include "backend/cuda/gemm_tc.h"
 #include "twin.h"
 
@@ -48,13 +50,15 @@ TEST(CudaTensorCores, ProductsWithinTheAccumulatorBound) {
   DSV4_REQUIRE_GPU();
   const Compute q = Compute::quantized, bf16 = Compute::bf16;
   const WeightFormat fp8 = WeightFormat::fp8;
-  // FP8 quantized: K = 256 has two K blocks, which the weights' scale copy pads to four; T = 77,
+  // FP8 quantized: K = 256 has two K blocks, which cuBLASLt's scale copy pads to four; T = 77,
   // 78 are token counts that are not multiples of 4 (cuBLASLt has no algorithm for them), with all
-  // rows and with rows from 128 on. bf16: FP8 weights dequantized, BF16 ones read in place, rows
-  // from a row0 that is no multiple of 128.
+  // rows and with rows from 128 on; T = 300 spans three token tiles of our kernel and K = 4096 and
+  // 8192 wrap its ring of stages many times. bf16: FP8 weights dequantized, BF16 ones read in place,
+  // rows from a row0 that is no multiple of 128.
   for (const TcCase& c : {TcCase{fp8, q, 32, 256, 1024}, TcCase{fp8, q, 100, 384, 4096}, TcCase{fp8, q, 512, 200, 512},
                           TcCase{fp8, q, 64, 256, 256}, TcCase{fp8, q, 76, 512, 1024, 128, 256},
                           TcCase{fp8, q, 77, 512, 1024}, TcCase{fp8, q, 78, 512, 1024, 128, 256},
+                          TcCase{fp8, q, 300, 384, 8192, 128, 256},
                           TcCase{fp8, bf16, 64, 256, 1024}, TcCase{fp8, bf16, 77, 384, 512, 64, 200},
                           TcCase{WeightFormat::bf16, bf16, 96, 256, 640}, TcCase{WeightFormat::bf16, bf16, 33, 300, 256, 8, 96},
                           // decode-sized (mma.sync): one token, a partial tile from row0 16, two
@@ -91,7 +95,11 @@ TEST(CudaTensorCores, ProductsWithinTheAccumulatorBound) {
     EXPECT_LE(rel, 1e-2) << name;
     // The exact kernels agree bit for bit: FP8 tile partials on the tensor cores differ somewhere.
     const bool few = c.T < cuda::TensorCoreGemm::kMinRows;  // mma.sync: FewRowsSumOnTheTensorCores
-    if (c.compute == q && c.T % 4 == 0 && !few) {
+    cuda::GemmRequest request;  // the product's shape, as fits_tensor_core_fp8 reads it
+    request.W.format = int32_t(c.format), request.W.in = c.in, request.W.scale_cols = c.in / 128;
+    request.row0 = c.row0, request.T = c.T;
+    const bool any_token_count = cuda::fits_tensor_core_fp8(request);  // our kernel, not cuBLASLt
+    if (c.compute == q && (c.T % 4 == 0 || any_token_count) && !few) {
       EXPECT_GT(differ, 0) << name << ": the product did not run on the tensor cores";
     } else if (c.compute == q && !few) {
       EXPECT_EQ(differ, 0) << name << ": a token count cuBLASLt cannot take is the exact kernels'";

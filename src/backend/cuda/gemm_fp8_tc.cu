@@ -1,0 +1,193 @@
+// deepseek-tc's dense FP8 products of many token rows on the FP8 tensor cores (gemm_tc.h), Hopper's
+// wgmma: y[t, n] = bf16(Σ_kb sx[kb, t] · sw[n / 128, kb] · Σ_{k in kb} x[t, k] · W[row0 + n, k]).
+//
+// The operands are the exact path's: the activations' e4m3 codes from act_quant
+// (QuantizedForm::codes, scales [K/128][T]) and the checkpoint's FP8 weights with their 128×128
+// E8M0 block scales. The tensor cores multiply e4m3 by e4m3 exactly and accumulate one 128-block
+// of K (four k32 steps) in their own reduced-precision fp32; the partial is then scaled by the
+// token's and the weight block's scales and added to an fp32 accumulator on the CUDA cores (the
+// official kernels' promotion, architecture.md §5), and the sum is rounded to bf16. The scales are
+// powers of two, so the order of the two multiplications does not matter. cuBLASLt's block-scaled
+// kernels compute the same thing, 13–22% of the FP8 peak at V4-Flash's shapes on an H200: they
+// remain the path on devices without wgmma.
+//
+// A block takes 128 weight rows (one scale block: wgmma's A, from shared memory, 64 rows per
+// consumer warpgroup) against 128 token rows (B, from shared memory), the two K-major tiles of
+// 128-byte rows in wgmma's 128-byte swizzle. The grid is one block per SM, each taking tile after
+// tile. The producer warpgroup copies each K block's two tiles (16 KB each) and its 128 token
+// scales kStages − 1 blocks ahead (cp.async), across tiles; the two consumers multiply, then
+// promote, and while one promotes the other's products run. The stages meet the
+// consumers at barriers in shared memory, one that fills and one that empties each stage, as in
+// gemm_experts_tc.cu.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/cuda/async_copy.cuh"
+#include "backend/cuda/device_math.cuh"
+#include "backend/cuda/gemm_tc.h"
+#include "backend/cuda/launch.cuh"
+#include "backend/cuda/weight_access.cuh"
+#include "backend/cuda/wgmma.cuh"
+
+namespace dsv4::cuda {
+
+namespace {
+
+constexpr int kBM = 128, kBN = 128, kBK = 128, kStages = 6;  // weight rows, token rows, K per block
+constexpr int kProducers = 128, kConsumers = 256, kThreads = kProducers + kConsumers;
+// Registers per thread of each role once the roles split (setmaxnreg): together what the block is
+// given at launch, 168 a thread (__launch_bounds__ with one block per SM).
+constexpr int kProducerRegisters = 88, kConsumerRegisters = 208;
+static_assert(kProducers * kProducerRegisters + kConsumers * kConsumerRegisters == kThreads * 168, "the block's registers");
+static_assert(kProducers == kBN, "a producer thread copies one token's scale");
+// A stage: the weight tile, the token tile, the token scales (kBlockScales floats), from a
+// swizzle period.
+constexpr int kTileBytes = kBM * kBK, kStageBytes = 2 * kTileBytes + kBlockScales * 4;
+constexpr int kStageStride = (kStageBytes + kSwizzlePeriod - 1) / kSwizzlePeriod * kSwizzlePeriod;
+constexpr size_t kSmemBytes = kSwizzlePeriod + size_t(kStages) * kStageStride;
+
+#ifdef DSV4_WGMMA
+// d (+)= A · Bᵀ over 32 of K: A 64 weight rows, B 128 token rows, both e4m3 in shared memory;
+// d = A · Bᵀ when !accumulate.
+template <bool kAccumulate>
+__device__ __forceinline__ void wgmma_k32(float (&d)[64], uint64_t a, uint64_t b) {
+#define DSV4_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
+      "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "
+      "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1;\n}\n"
+      : DSV4_D8(0), DSV4_D8(8), DSV4_D8(16), DSV4_D8(24), DSV4_D8(32), DSV4_D8(40), DSV4_D8(48), DSV4_D8(56)
+      : "l"(a), "l"(b), "n"(kAccumulate ? 1 : 0));
+#undef DSV4_D8
+}
+#endif
+
+// x: the token rows' e4m3 codes [T][K]; sx: their scales [K/128][T]. Persistent: block b takes
+// tiles b, b + gridDim.x, … (weight row tiles fastest), and its K blocks run through the ring as one
+// sequence, so the producer fills the next tile's first stages while the consumers finish this one.
+__global__ void __launch_bounds__(kThreads, 1) fp8_gemm_kernel(GemmRequest p, const uint8_t* x, const float* sx) {
+#ifdef DSV4_WGMMA
+  await_previous_kernel();
+  extern __shared__ unsigned char smem_base[];
+  unsigned char* smem = at_swizzle_period(smem_base);
+  __shared__ uint64_t filled[kStages], emptied[kStages];
+  const LinearView& W = p.W;
+  const int64_t K = W.in, T = p.T, row_tiles = (p.rows + kBM - 1) / kBM, tiles = row_tiles * ((T + kBN - 1) / kBN);
+  const int n_kb = int(K / kBK), tid = threadIdx.x, lane = tid % 32;
+  const int64_t my_tiles = int64_t(blockIdx.x) < tiles ? (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+  const int64_t steps = my_tiles * n_kb;  // this block's K blocks, tile after tile
+  // The first weight row and token row of this block's i-th tile.
+  auto row_of = [&](int64_t i) { return (int64_t(blockIdx.x) + i * gridDim.x) % row_tiles * kBM; };
+  auto token_of = [&](int64_t i) { return (int64_t(blockIdx.x) + i * gridDim.x) / row_tiles * kBN; };
+  auto weights_of = [&](int slot) { return smem + slot * kStageStride; };
+  auto tokens_of = [&](int slot) { return smem + slot * kStageStride + kTileBytes; };
+  auto scales_of = [&](int slot) { return reinterpret_cast<float*>(smem + slot * kStageStride + 2 * kTileBytes); };
+  if (tid == 0)
+    for (int s = 0; s < kStages; ++s) barrier_init(&filled[s], kProducers), barrier_init(&emptied[s], kConsumers / 32);
+  __syncthreads();
+
+  if (tid < kProducers) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegisters));
+    // Producer thread tid: 16-byte chunk tid % 8 of weight and token rows tid / 8 + 16i (a warp
+    // reads whole 128-byte rows), and token tid's scale.
+    const int chunk = tid % 8;
+    auto issue = [&](int64_t step) {
+      const int slot = int(step % kStages), kb = int(step % n_kb);
+      const int64_t tile = step / n_kb, n0 = row_of(tile), t0 = token_of(tile), k0 = int64_t(kb) * kBK + 16 * chunk;
+      unsigned char *w_tile = weights_of(slot), *x_tile = tokens_of(slot);
+#pragma unroll
+      for (int i = 0; i < kBM / 16; ++i) {
+        const int row = tid / 8 + 16 * i;
+        const bool w_ok = n0 + row < p.rows, x_ok = t0 + row < T;
+        copy_async_16(w_tile + swizzled(row, chunk), W.data + (w_ok ? (p.row0 + n0 + row) * K + k0 : 0), w_ok);
+        copy_async_16(x_tile + swizzled(row, chunk), x + (x_ok ? (t0 + row) * K + k0 : 0), x_ok);
+      }
+      const bool scale_ok = t0 + tid < T;
+      copy_async_4(scales_of(slot) + scale_place(tid), sx + (scale_ok ? kb * T + t0 + tid : 0), scale_ok);
+    };
+    constexpr int kAhead = kStages - 1;
+    for (int64_t step = 0; step < kAhead; ++step) {
+      if (step < steps) issue(step);
+      commit_async_copies();  // (empty groups keep the count per step uniform)
+    }
+    for (int64_t step = 0; step < steps; ++step) {
+      await_async_copies<kAhead - 1>();  // this step's copies, this thread's
+      fence_for_tensor_cores();
+      barrier_arrive(&filled[step % kStages]);
+      const int64_t next = step + kAhead;  // into the stage step next − kStages used, once it is emptied
+      if (next < steps) {
+        if (next >= kStages) barrier_wait(&emptied[next % kStages], int((next / kStages - 1) & 1));
+        issue(next);
+      }
+      commit_async_copies();
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegisters));
+  const int ct = tid - kProducers, wg = ct / 128, warp = ct % 128 / 32;
+  const int wrow = 64 * wg + 16 * warp;  // the warp's 16 weight rows; this thread's: wrow + lane / 4 (+ 8)
+  const int lr = lane / 4, lc = lane % 4;
+  int64_t step = 0;
+  for (int64_t tile = 0; tile < my_tiles; ++tile) {
+    const int64_t n0 = row_of(tile), t0 = token_of(tile);
+    const uint8_t* w_scales = scale_row<kFp8>(W, p.row0 + n0);  // the tile's rows are one 128-row block
+    float acc[64] = {}, part[64];
+    for (int kb = 0; kb < n_kb; ++kb, ++step) {
+      const int slot = int(step % kStages);
+      const float w_scale = scale_at(w_scales, kb, W.scale_is_f32);
+      barrier_wait(&filled[slot], int((step / kStages) & 1));
+      const uint64_t a = tile_descriptor(weights_of(slot) + 64 * wg * kBK), b = tile_descriptor(tokens_of(slot));
+      wgmma_begin();
+      wgmma_k32<false>(part, a, b);
+#pragma unroll
+      for (int q = 1; q < kBK / 32; ++q) wgmma_k32<true>(part, a + 2 * q, b + 2 * q);  // 32 bytes on, in 16s
+      wgmma_commit();
+      wgmma_finish(part);
+      float s[32];
+      load_token_scales(s, scales_of(slot), lc);
+      __syncwarp();
+      if (lane == 0) barrier_arrive(&emptied[slot]);  // the warp is done with the stage
+#pragma unroll
+      for (int i = 0; i < 32; ++i) s[i] *= w_scale;
+      promote(acc, part, s);
+    }
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      const int64_t n = n0 + wrow + lr + (i % 4 >= 2 ? 8 : 0), t = t0 + 8 * (i / 4) + 2 * lc + i % 2;
+      if (n < p.rows && t < T) p.y[t * p.y_stride + n] = round_bf16(acc[i]);
+    }
+  }
+#endif
+}
+
+}  // namespace
+
+bool fits_tensor_core_fp8(const GemmRequest& r) {
+  // DSV4_CUDA_CUBLASLT_FP8=1 leaves these products to cuBLASLt (to measure what the kernel buys).
+  static const bool cublaslt = [] {
+    const char* v = std::getenv("DSV4_CUDA_CUBLASLT_FP8");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return !cublaslt && r.W.format == kFp8 && r.W.in % kBK == 0 && r.row0 % kBM == 0 && r.W.scale_cols == r.W.in / kBK &&
+         device_has_wgmma();
+}
+
+void CudaBackend::tensor_core_fp8(const GemmRequest& r, const uint8_t* x, const float* sx) {
+  DSV4_CUDA_REQUIRE(fits_tensor_core_fp8(r), "FP8 tensor-core product: K ", r.W.in, " must be whole 128-blocks and row0 ",
+                    r.row0, " a scale block's first row, on a Hopper (sm_90a)");
+  if (r.T == 0 || r.rows == 0) return;
+  const int64_t tiles = (r.rows + kBM - 1) / kBM * ((r.T + kBN - 1) / kBN);
+  allow_shared_memory(reinterpret_cast<const void*>(fp8_gemm_kernel), kSmemBytes, "FP8 tensor-core product");
+  launch(fp8_gemm_kernel, unsigned(std::min<int64_t>(tiles, sm_count_)), kThreads, kSmemBytes, stream_, r, x, sx);
+  DSV4_CUDA_LAUNCHED("linear (FP8 tensor cores)");
+}
+
+}  // namespace dsv4::cuda
