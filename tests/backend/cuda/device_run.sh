@@ -16,7 +16,7 @@
 # nlohmann-json3-dev libcli11-dev libgtest-dev libpcre2-dev libpcre2-8-0 libpcre2-16-0
 # libpcre2-32-0 libpcre2-posix3 pkgconf pkgconf-bin libpkgconf3, and for the server
 # libcpp-httplib-dev libcpp-httplib0.11 libbrotli-dev libbrotli1 libssl-dev zlib1g-dev); they are unpacked into
-# /tmp/deps and put first on every search path. Logs go to $OUT when set.
+# /tmp/deps and put first on every search path (device_env.sh). Logs go to $OUT when set.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 debs=${1:-}
@@ -25,25 +25,7 @@ out=${OUT:-/tmp}
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 echo "nvcc: $(nvcc --version | tail -1); cmake: $(cmake --version | head -1); gcc: $(gcc -dumpfullversion)"
-have_all=1
-for h in /usr/include/nlohmann /usr/include/fmt /usr/include/gtest /usr/include/CLI /usr/include/pcre2.h \
-         /usr/include/httplib.h; do
-  [ -e "$h" ] || have_all=0
-done
-command -v pkg-config >/dev/null || have_all=0
-if [ "$have_all" = 0 ] && [ -n "$debs" ] && [ -d "$debs" ]; then
-  echo "using the carried packages in $debs"
-  mkdir -p /tmp/deps
-  for f in "$debs"/*.deb; do dpkg -x "$f" /tmp/deps; done
-  sed -i 's|^prefix=/usr$|prefix=/tmp/deps/usr|' /tmp/deps/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc \
-    /tmp/deps/usr/share/pkgconfig/*.pc
-  export CMAKE_PREFIX_PATH=/tmp/deps/usr
-  export LD_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  export PKG_CONFIG_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu/pkgconfig:/tmp/deps/usr/share/pkgconfig
-  command -v pkg-config >/dev/null || export PATH=$PATH:/tmp/deps/usr/bin
-fi
-
-export PATH=$PATH:/usr/local/cuda/bin
+source tests/backend/cuda/device_env.sh "$debs"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
   -DDSV4_BENCH=OFF >"$out/configure.log" 2>&1 || { tail -40 "$out/configure.log"; exit 1; }
 cmake --build build -j"$(nproc)" --target test_cuda >"$out/build.log" 2>&1 || { grep -E "error|Error" "$out/build.log" | head -40; tail -20 "$out/build.log"; exit 1; }
