@@ -1,8 +1,8 @@
 // Hopper's asynchronous tensor-core products (wgmma) and the shared-memory barriers (mbarrier) and
 // bulk copies that feed them: what deepseek-tc's experts (gemm_experts_tc.cu), dense FP8 products
-// (gemm_fp8_tc.cu), indexer (indexer_fp4.cu) and attention (attention_tc.cu) kernels share. wgmma exists on sm_90a alone:
-// DSV4_WGMMA is defined where it does, and elsewhere (the sm_80 PTX) those kernels are empty and
-// never chosen (device_has_wgmma).
+// (gemm_fp8_tc.cu), indexer (indexer_fp4.cu) and attention (attention_tc.cu) kernels share. wgmma
+// exists on sm_90a alone: DSV4_WGMMA is defined where it does, and elsewhere (the sm_80 PTX) those
+// kernels are empty and never chosen (device_has_wgmma).
 #pragma once
 
 #include <cuda_runtime.h>
