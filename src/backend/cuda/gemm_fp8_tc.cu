@@ -38,6 +38,7 @@ namespace dsv4::cuda {
 namespace {
 
 constexpr int kBM = 128, kBN = 128, kBK = 128, kStages = 6;  // weight rows, token rows, K per block
+constexpr int kBandTiles = 8;  // weight row tiles per band of the tile order (see the kernel)
 constexpr int kProducers = 128, kConsumers = 256, kThreads = kProducers + kConsumers;
 // Registers per thread of each role once the roles split (setmaxnreg): together what the block is
 // given at launch, 168 a thread (__launch_bounds__ with one block per SM).
@@ -83,9 +84,19 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_gemm_kernel(GemmRequest p, co
   const int n_kb = int(K / kBK), tid = threadIdx.x, lane = tid % 32;
   const int64_t my_tiles = int64_t(blockIdx.x) < tiles ? (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
   const int64_t steps = my_tiles * n_kb;  // this block's K blocks, tile after tile
-  // The first weight row and token row of this block's i-th tile.
-  auto row_of = [&](int64_t i) { return (int64_t(blockIdx.x) + i * gridDim.x) % row_tiles * kBM; };
-  auto token_of = [&](int64_t i) { return (int64_t(blockIdx.x) + i * gridDim.x) / row_tiles * kBN; };
+  // The first weight row and token row of this block's i-th tile. The tiles go in bands of
+  // kBandTiles weight row tiles, each band over all token tiles (its row tiles fastest): the blocks
+  // at work at once share a band's weights and a few token tiles, so each operand comes from L2
+  // while the band lasts and from memory about once per band.
+  const int64_t token_tiles = tiles / row_tiles;
+  auto tile_at = [&](int64_t i, bool row) {
+    const int64_t tile = int64_t(blockIdx.x) + i * gridDim.x, band_size = kBandTiles * token_tiles;
+    const int64_t band = tile / band_size, in_band = tile % band_size;
+    const int64_t band_rows = min(int64_t(kBandTiles), row_tiles - band * kBandTiles);
+    return row ? (band * kBandTiles + in_band % band_rows) * kBM : in_band / band_rows * kBN;
+  };
+  auto row_of = [&](int64_t i) { return tile_at(i, true); };
+  auto token_of = [&](int64_t i) { return tile_at(i, false); };
   auto weights_of = [&](int slot) { return smem + slot * kStageStride; };
   auto tokens_of = [&](int slot) { return smem + slot * kStageStride + kTileBytes; };
   auto scales_of = [&](int slot) { return reinterpret_cast<float*>(smem + slot * kStageStride + 2 * kTileBytes); };
