@@ -237,7 +237,7 @@ class CudaBackend final : public Backend {
   // the activations in QuantizedForm::fragment_codes (rows of r.W.in bytes, scales sx [rows][K/128]);
   // scratch holds the grouping.
   void tensor_core_experts(const GemmRequest& r, const uint8_t* x, const float* sx, int32_t* scratch);
-  // deepseek-tc, dense FP8 products of many rows where fits_tensor_core_fp8(r): the FP8 tensor cores
+  // deepseek-tc, dense FP8 products of many rows where uses_tensor_core_fp8(r): the FP8 tensor cores
   // (gemm_fp8_tc.cu), from the activations in QuantizedForm::codes (scales sx [K/128][rows]).
   void tensor_core_fp8(const GemmRequest& r, const uint8_t* x, const float* sx);
 

@@ -660,7 +660,7 @@ void CudaBackend::gemm(const GemmRequest& r, const SwigluUp* swiglu) {
     DSV4_CUDA_LAUNCHED("linear (activation quantization)");
   }
   if (tensor_cores) {
-    if (fits_tensor_core_fp8(r)) tensor_core_fp8(r, reinterpret_cast<const uint8_t*>(scratch), scratch + n_qx);
+    if (uses_tensor_core_fp8(r)) tensor_core_fp8(r, reinterpret_cast<const uint8_t*>(scratch), scratch + n_qx);
     else tensor_cores_->run_quantized(r, reinterpret_cast<const uint8_t*>(scratch), scratch + n_qx, stream_);
     return;
   }

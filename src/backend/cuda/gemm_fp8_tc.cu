@@ -8,8 +8,9 @@
 // token's and the weight block's scales and added to an fp32 accumulator on the CUDA cores (the
 // official kernels' promotion, architecture.md §5), and the sum is rounded to bf16. The scales are
 // powers of two, so the order of the two multiplications does not matter. cuBLASLt's block-scaled
-// kernels compute the same thing, 13–22% of the FP8 peak at V4-Flash's shapes on an H200: they
-// remain the path on devices without wgmma.
+// kernels compute the same thing; this kernel takes the products where it measured faster and the
+// token counts cuBLASLt cannot take (kShortK below), and cuBLASLt the rest and every product on
+// devices without wgmma.
 //
 // A block takes 128 weight rows (one scale block: wgmma's A, from shared memory, 64 rows per
 // consumer warpgroup) against 128 token rows (B, from shared memory), the two K-major tiles of
@@ -38,6 +39,13 @@ namespace dsv4::cuda {
 namespace {
 
 constexpr int kBM = 128, kBN = 128, kBK = 128, kStages = 6;  // weight rows, token rows, K per block
+// Where the kernel runs rather than cuBLASLt (uses_tensor_core_fp8): products of K ≤ kShortK, where
+// it measured faster (one H100, 8K prefill, per call: wq_b with K 1 024, 1 259 against 1 538 µs; the
+// indexer's wq_b 350 against 413), and token counts cuBLASLt has no algorithm for (not a multiple of
+// 4: those ran on the exact FP64 kernels). With longer K cuBLASLt's kernels are faster (wo_b, K 8 192:
+// 748 against 1 147 µs; wq_a, K 4 096: 191 against 257): 128 × 128 tiles fed by cp.async move
+// twice the L2 bytes per product of theirs, and the kernel then waits on L2 (≈ 3.7 TB/s at wo_b).
+constexpr int64_t kShortK = 1024;
 constexpr int kBandTiles = 8;  // weight row tiles per band of the tile order (see the kernel)
 constexpr int kProducers = 128, kConsumers = 256, kThreads = kProducers + kConsumers;
 // Registers per thread of each role once the roles split (setmaxnreg): together what the block is
@@ -181,14 +189,23 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_gemm_kernel(GemmRequest p, co
 
 }  // namespace
 
+namespace {
+
+// The products the kernel can take: FP8 weights, K whole 128-blocks, rows from a scale block's first.
 bool fits_tensor_core_fp8(const GemmRequest& r) {
-  // DSV4_CUDA_CUBLASLT_FP8=1 leaves these products to cuBLASLt (to measure what the kernel buys).
+  return r.W.format == kFp8 && r.W.in % kBK == 0 && r.row0 % kBM == 0 && r.W.scale_cols == r.W.in / kBK &&
+         device_has_wgmma();
+}
+
+}  // namespace
+
+bool uses_tensor_core_fp8(const GemmRequest& r) {
+  // DSV4_CUDA_CUBLASLT_FP8=1 leaves them all to cuBLASLt (to measure what the kernel buys).
   static const bool cublaslt = [] {
     const char* v = std::getenv("DSV4_CUDA_CUBLASLT_FP8");
     return v != nullptr && std::strcmp(v, "1") == 0;
   }();
-  return !cublaslt && r.W.format == kFp8 && r.W.in % kBK == 0 && r.row0 % kBM == 0 && r.W.scale_cols == r.W.in / kBK &&
-         device_has_wgmma();
+  return !cublaslt && fits_tensor_core_fp8(r) && (r.W.in <= kShortK || r.T % 4 != 0);
 }
 
 void CudaBackend::tensor_core_fp8(const GemmRequest& r, const uint8_t* x, const float* sx) {

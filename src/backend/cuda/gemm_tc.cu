@@ -85,7 +85,7 @@ bool TensorCoreGemm::handles(const GemmRequest& r) {
   if ((!fp8 && r.compute != Compute::bf16) || r.table || r.x_div != 1 || r.T < kMinRows || r.y_stride % 4 != 0 ||
       reinterpret_cast<uintptr_t>(r.y) % 16 != 0)
     return false;
-  if (fp8 && fits_tensor_core_fp8(r)) return true;
+  if (fp8 && uses_tensor_core_fp8(r)) return true;
   // cuBLASLt (13, H200) has no block-scaled algorithm for a token count that is not a multiple of
   // 4 (CUBLAS_STATUS_NOT_SUPPORTED for 77 and 78; 76 runs): such a chunk takes the exact kernels.
   if (fp8 && (W.format != kFp8 || r.T % 4 != 0 || K % 128 != 0 || r.row0 % 128 != 0 || W.scale_cols != K / 128))

@@ -8,9 +8,9 @@
 //   - bf16 products (wo_a, the indexer's weights_proj) on the bf16 tensor cores with fp32
 //     accumulation, as the reference's bf16 GEMM: the weights dequantized into bf16 (exact for
 //     FP8 with E8M0 scales) in scratch for the product's duration, x in bf16 (its values are).
-// Both round their fp32 output to bf16, like every such product. On a Hopper (sm_90a) the quantized
-// FP8 products run on our own kernel instead (gemm_fp8_tc.cu, fits_tensor_core_fp8), which takes
-// any token count and runs several times faster than cuBLASLt's block-scaled kernels.
+// Both round their fp32 output to bf16, like every such product. On a Hopper (sm_90a) some quantized
+// FP8 products run on our own kernel instead (gemm_fp8_tc.cu, uses_tensor_core_fp8): those with
+// short K, where it measured faster, and token counts cuBLASLt cannot take.
 #pragma once
 
 #include <cublasLt.h>
@@ -25,10 +25,11 @@
 
 namespace dsv4::cuda {
 
-// Whether r's quantized FP8 product fits gemm_fp8_tc.cu's kernel (CudaBackend::tensor_core_fp8):
-// FP8 weights with E8M0 or f32 128×128 scales, K whole 128-blocks, rows from a scale block's first,
-// a device that runs sm_90a code.
-bool fits_tensor_core_fp8(const GemmRequest& r);
+// Whether r's quantized FP8 product runs on gemm_fp8_tc.cu's kernel (CudaBackend::tensor_core_fp8)
+// rather than cuBLASLt: FP8 weights with E8M0 or f32 128×128 scales, K whole 128-blocks, rows from a
+// scale block's first, a device that runs sm_90a code, and K short or a token count that is not a
+// multiple of 4 (see the kernel's kShortK).
+bool uses_tensor_core_fp8(const GemmRequest& r);
 
 class TensorCoreGemm {
  public:
@@ -39,7 +40,7 @@ class TensorCoreGemm {
 
   // Whether r (quantized or bf16 compute) can run on the tensor cores: one matrix (no expert
   // table), one activation row per token row, at least kMinRows of them, y rows 16-byte aligned,
-  // and then for quantized compute fits_tensor_core_fp8(r) or, elsewhere, a cuBLASLt algorithm for
+  // and then for quantized compute uses_tensor_core_fp8(r) or, elsewhere, a cuBLASLt algorithm for
   // the shape. Quantized on cuBLASLt: FP8 weights with 128×128 block scales, whole scale blocks
   // from row0, K a multiple of 128, and a multiple of 4 token rows (cuBLASLt 13 has no
   // block-scaled algorithm for others). bf16: FP8 or BF16 weights, K a multiple of 8.
@@ -47,7 +48,7 @@ class TensorCoreGemm {
   // Quantized, on cuBLASLt: y[t, 0 : rows) = bf16(x_codes[t] · W[row0 : row0+rows]ᵀ), each K
   // tile's product scaled by x_scales[tile, t] (act_quant's per-K-block layout for this path) and
   // the weight block's scale. x_codes: [T, K] e4m3 bytes. Requires handles(r) and not
-  // fits_tensor_core_fp8(r).
+  // uses_tensor_core_fp8(r).
   void run_quantized(const GemmRequest& r, const uint8_t* x_codes, const float* x_scales, cudaStream_t stream);
   // bf16: y[t, 0 : rows) = bf16(bf16(x[t]) · bf16(W[row0 : row0+rows])ᵀ). Requires handles(r).
   void run_bf16(const GemmRequest& r, StreamMemory& memory);

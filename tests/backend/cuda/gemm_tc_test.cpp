@@ -52,13 +52,14 @@ TEST(CudaTensorCores, ProductsWithinTheAccumulatorBound) {
   const WeightFormat fp8 = WeightFormat::fp8;
   // FP8 quantized: K = 256 has two K blocks, which cuBLASLt's scale copy pads to four; T = 77,
   // 78 are token counts that are not multiples of 4 (cuBLASLt has no algorithm for them), with all
-  // rows and with rows from 128 on; T = 300 spans three token tiles of our kernel and K = 4096 and
-  // 8192 wrap its ring of stages many times. bf16: FP8 weights dequantized, BF16 ones read in place,
-  // rows from a row0 that is no multiple of 128.
+  // rows and with rows from 128 on; T = 1030 (not a multiple of 4: our kernel on a Hopper) makes 144
+  // tiles of our kernel, more than an H100's or H200's blocks, so some blocks take two, and K = 2048
+  // wraps its ring of stages. bf16: FP8 weights dequantized, BF16 ones read in place, rows from a
+  // row0 that is no multiple of 128.
   for (const TcCase& c : {TcCase{fp8, q, 32, 256, 1024}, TcCase{fp8, q, 100, 384, 4096}, TcCase{fp8, q, 512, 200, 512},
                           TcCase{fp8, q, 64, 256, 256}, TcCase{fp8, q, 76, 512, 1024, 128, 256},
                           TcCase{fp8, q, 77, 512, 1024}, TcCase{fp8, q, 78, 512, 1024, 128, 256},
-                          TcCase{fp8, q, 300, 384, 8192, 128, 256},
+                          TcCase{fp8, q, 1030, 2048, 2048},
                           TcCase{fp8, bf16, 64, 256, 1024}, TcCase{fp8, bf16, 77, 384, 512, 64, 200},
                           TcCase{WeightFormat::bf16, bf16, 96, 256, 640}, TcCase{WeightFormat::bf16, bf16, 33, 300, 256, 8, 96},
                           // decode-sized (mma.sync): one token, a partial tile from row0 16, two
@@ -95,10 +96,10 @@ TEST(CudaTensorCores, ProductsWithinTheAccumulatorBound) {
     EXPECT_LE(rel, 1e-2) << name;
     // The exact kernels agree bit for bit: FP8 tile partials on the tensor cores differ somewhere.
     const bool few = c.T < cuda::TensorCoreGemm::kMinRows;  // mma.sync: FewRowsSumOnTheTensorCores
-    cuda::GemmRequest request;  // the product's shape, as fits_tensor_core_fp8 reads it
+    cuda::GemmRequest request;  // the product's shape, as uses_tensor_core_fp8 reads it
     request.W.format = int32_t(c.format), request.W.in = c.in, request.W.scale_cols = c.in / 128;
     request.row0 = c.row0, request.T = c.T;
-    const bool any_token_count = cuda::fits_tensor_core_fp8(request);  // our kernel, not cuBLASLt
+    const bool any_token_count = cuda::uses_tensor_core_fp8(request);  // our kernel, not cuBLASLt
     if (c.compute == q && (c.T % 4 == 0 || any_token_count) && !few) {
       EXPECT_GT(differ, 0) << name << ": the product did not run on the tensor cores";
     } else if (c.compute == q && !few) {
