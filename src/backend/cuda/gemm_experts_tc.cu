@@ -250,22 +250,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         copy_async_16(raw + raw_chunk(row, w_chunk), W.data + (ok ? w_at[i] + k0 / 2 : 0), ok);
       }
     };
-    constexpr int kAhead = kStages - 1;
-    for (int kb = 0; kb < kAhead; ++kb) {
-      if (kb < n_kb) issue(kb);
-      commit_async_copies();  // (empty groups keep the count per block uniform)
-    }
-    for (int kb = 0; kb < n_kb; ++kb) {
-      await_async_copies<kAhead - 1>();  // block kb's copies, this thread's
-      fence_for_tensor_cores();
-      barrier_arrive(&filled[kb % kStages]);
-      const int next = kb + kAhead;  // into the stage block next − kStages used, once it is emptied
-      if (next < n_kb) {
-        if (next >= kStages) barrier_wait(&emptied[next % kStages], (next / kStages - 1) & 1);
-        issue(next);
-      }
-      commit_async_copies();
-    }
+    produce_ring<kStages>(n_kb, filled, emptied, issue);
     return;
   }
 

@@ -131,22 +131,7 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_gemm_kernel(GemmRequest p, co
       const bool scale_ok = t0 + tid < T;
       copy_async_4(scales_of(slot) + scale_place(tid), sx + (scale_ok ? kb * T + t0 + tid : 0), scale_ok);
     };
-    constexpr int kAhead = kStages - 1;
-    for (int64_t step = 0; step < kAhead; ++step) {
-      if (step < steps) issue(step);
-      commit_async_copies();  // (empty groups keep the count per step uniform)
-    }
-    for (int64_t step = 0; step < steps; ++step) {
-      await_async_copies<kAhead - 1>();  // this step's copies, this thread's
-      fence_for_tensor_cores();
-      barrier_arrive(&filled[step % kStages]);
-      const int64_t next = step + kAhead;  // into the stage step next − kStages used, once it is emptied
-      if (next < steps) {
-        if (next >= kStages) barrier_wait(&emptied[next % kStages], int((next / kStages - 1) & 1));
-        issue(next);
-      }
-      commit_async_copies();
-    }
+    produce_ring<kStages>(steps, filled, emptied, issue);
     return;
   }
 

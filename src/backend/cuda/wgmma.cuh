@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/device_math.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -129,6 +130,31 @@ __device__ __forceinline__ void barrier_wait(uint64_t* b, int parity) {
         : "=r"(done)
         : "r"(shared_address(b)), "r"(parity)
         : "memory");
+}
+
+// The producer's side of a ring of kStages shared-memory stages fed by cp.async (the FP8 kernels,
+// gemm_experts_tc.cu and gemm_fp8_tc.cu): issue(step) copies step's operands into stage
+// step % kStages, kStages − 1 steps ahead; this thread arrives at the stage's `filled` barrier once
+// its copies of the step have landed, and refills a stage once its `emptied` barrier says the
+// consumers are done with it.
+template <int kStages, class Issue>
+__device__ __forceinline__ void produce_ring(int64_t steps, uint64_t* filled, uint64_t* emptied, Issue issue) {
+  constexpr int kAhead = kStages - 1;
+  for (int64_t step = 0; step < kAhead; ++step) {
+    if (step < steps) issue(step);
+    commit_async_copies();  // (empty groups keep the count per step uniform)
+  }
+  for (int64_t step = 0; step < steps; ++step) {
+    await_async_copies<kAhead - 1>();  // this step's copies, this thread's
+    fence_for_tensor_cores();
+    barrier_arrive(&filled[step % kStages]);
+    const int64_t next = step + kAhead;  // into the stage step next − kStages used, once it is emptied
+    if (next < steps) {
+      if (next >= kStages) barrier_wait(&emptied[next % kStages], int((next / kStages - 1) & 1));
+      issue(next);
+    }
+    commit_async_copies();
+  }
 }
 
 // `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared memory by the
