@@ -79,7 +79,7 @@ __device__ __forceinline__ void wgmma_k32(float (&d)[64], uint64_t a, uint64_t b
 #endif
 
 // x: the token rows' e4m3 codes [T][K]; sx: their scales [K/128][T]. Persistent: block b takes
-// tiles b, b + gridDim.x, … (weight row tiles fastest), and its K blocks run through the ring as one
+// tiles b, b + gridDim.x, … (in the band order below), and its K blocks run through the ring as one
 // sequence, so the producer fills the next tile's first stages while the consumers finish this one.
 __global__ void __launch_bounds__(kThreads, 1) fp8_gemm_kernel(GemmRequest p, const uint8_t* x, const float* sx) {
 #ifdef DSV4_WGMMA
@@ -171,10 +171,6 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_gemm_kernel(GemmRequest p, co
   }
 #endif
 }
-
-}  // namespace
-
-namespace {
 
 // The products the kernel can take: FP8 weights, K whole 128-blocks, rows from a scale block's first.
 bool fits_tensor_core_fp8(const GemmRequest& r) {
