@@ -89,6 +89,9 @@ class Backend {
   // bounds the step when the device is faster than the host can queue work (dsv4 bench). Zero for
   // a backend that computes on the host.
   virtual double host_wait_seconds() const { return 0.0; }
+  // A device backend's per-op profile (DSV4_CUDA_PROFILE=1) starts afresh from here: dsv4 bench
+  // calls it after its warm-up, so the table counts the timed prompts' calls alone. Nothing elsewhere.
+  virtual void restart_profile() {}
 
   // ---- memory ----------------------------------------------------------------------------------
   virtual float* alloc(size_t n_floats) = 0;

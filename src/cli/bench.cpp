@@ -302,6 +302,7 @@ int run_bench(BenchOptions o) {
     }
     fmt::print(stderr, "warm-up (weights to the device, prefill chunks of {} tokens): {:.1f} s\n",
                fmt::join(shapes, ", "), seconds_since(t0));
+    eng.backend().restart_profile();
   }
 
   nlohmann::ordered_json base = {{"command", "dsv4 bench"}, {"model", model_name}, {"layers", c.n_layers},

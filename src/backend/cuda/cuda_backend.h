@@ -99,6 +99,7 @@ class CudaBackend final : public Backend {
   std::string name() const override { return "cuda"; }
   size_t device_memory_free() const override;
   double host_wait_seconds() const override { return memory_.host_wait_seconds(); }
+  void restart_profile() override { profile_stats_.clear(); }  // (each timed op has been waited for)
 
   // With DSV4_CUDA_GRAPHS=1, decode steps of at most kMaxCapturedRows rows run as CUDA graphs
   // (capture.cpp), unless the ops are being profiled (each op is then waited for).
