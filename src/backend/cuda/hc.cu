@@ -109,7 +109,7 @@ __device__ inline void pre_gates(const HcArgs& a, const float* m, float rs, doub
 // u by its warps after the first. Each block finds the stream RMS itself. With a norm weight w
 // (parts = 1: the norm needs all of u), the block then writes x = RMSNorm(u) as rms_norm_kernel
 // does: the mean of u² in double, inv = rsqrt(fp32(mean) + eps), x = w · (u · inv) rounded; each
-// thread rereads the u it wrote (saving the separate norm's launch, about 6 µs at decode).
+// thread rereads the u it wrote (in prefill this saves the separate norm's pass over the rows).
 __global__ void __launch_bounds__(kTokenThreads) hc_pre_kernel(HcArgs a, const float* X, const float* mix,
                                                                const float* w, float* u, float* post, float* comb,
                                                                float* x_norm) {

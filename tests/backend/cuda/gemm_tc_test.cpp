@@ -3,9 +3,9 @@
 // bf16: fp32 accumulation), so these are compared within bounds, not bit for bit: per element, one
 // bf16 rounding of the result plus a part of Σ|x·w| (what a truncated accumulator can lose; a wrong
 // scale or operand layout misses by the size of the result itself), and over the whole output a
-// relative error of bf16 size. On a Hopper the quantized FP8 products run on our own kernel
-// (gemm_fp8_tc.cu), which takes every token count; elsewhere on cuBLASLt, and token counts it
-// cannot take stay on the exact kernels, bit for bit. Below the row threshold the quantized FP8
+// relative error of bf16 size. The quantized FP8 products run on cuBLASLt, or on a Hopper on our
+// own kernel (gemm_fp8_tc.cu) where K is short or the token count one cuBLASLt cannot take; off a
+// Hopper such token counts stay on the exact kernels, bit for bit. Below the row threshold the quantized FP8
 // products run on mma.sync (gemv_tc.cu), and the bf16 ones, and FP8 rows from a row0 that is no
 // multiple of 16, stay exact.
 #include "backend/cuda/gemm_tc.h"
