@@ -5,9 +5,9 @@
 // scale or operand layout misses by the size of the result itself), and over the whole output a
 // relative error of bf16 size. The quantized FP8 products run on cuBLASLt, or on a Hopper on our
 // own kernel (gemm_fp8_tc.cu) where K is short or the token count one cuBLASLt cannot take; off a
-// Hopper such token counts stay on the exact kernels, bit for bit. Below the row threshold the quantized FP8
-// products run on mma.sync (gemv_tc.cu), and the bf16 ones, and FP8 rows from a row0 that is no
-// multiple of 16, stay exact.
+// Hopper such token counts stay on the exact kernels, bit for bit. Below the row threshold the
+// quantized FP8 products run on mma.sync (gemv_tc.cu), and the bf16 ones, and FP8 rows from a row0
+// that is no multiple of 16, stay exact.
 #include "backend/cuda/gemm_tc.h"
 #include "twin.h"
 
