@@ -32,10 +32,13 @@
 //     At 1M context on an H200 (262 144 keys, ncu): 9.9 + 3.4 + 7.2 + 8.8 µs. (Before: parts of
 //     8 192 keys selected their top k, and one block per query selected again from the parts'
 //     survivors: 23 + 28 µs.)
-//   Queries are processed in chunks so the score scratch stays bounded at long contexts.
+//   Queries are processed in chunks so the score scratch stays bounded at long contexts. Deepseek
+//   numerics stores a chunk's scores as their bf16 bits (every such score is a bf16 value), half
+//   the bytes that the scoring writes and the top-k's passes read; plain keeps floats.
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_math.cuh"
@@ -55,13 +58,26 @@ constexpr int kCoarseBins = 256;               // and their top 8 bits
 constexpr int64_t kHistWords = kBins + kCoarseBins;  // a query's counts: per bin, then per coarse bin
 constexpr int64_t kSortAllKeys = 2048;         // fewer keys are sorted whole, without a radix select
 static_assert(kSortAllKeys <= kMaxTopK, "the keys sorted whole fit the sort buffer");
-constexpr int64_t kScoreScratch = int64_t(1) << 26;  // floats of scores per chunk (256 MiB)
+constexpr int64_t kScoreScratchBytes = int64_t(1) << 28;  // a chunk's scores (256 MiB)
 constexpr int kMaxKeyDim = 256;                        // a key's dims in registers: 8 per lane
 
+// A score as stored (S: Bf16Bits in deepseek numerics, float in plain; see the top) and its value.
+template <class S>
+__device__ inline S stored_score(float rounded) {
+  if constexpr (std::is_same_v<S, Bf16Bits>)
+    return f32_to_bf16(rounded);
+  else
+    return rounded;
+}
+__device__ inline float score_value(float s) { return s; }
+__device__ inline float score_value(Bf16Bits s) { return bf16_to_f32(s); }
+
+template <class S>
 __global__ void indexer_scores_kernel(const float* q, const float* wts, int64_t heads, int64_t dim,
                                       const float* keys, RowFormat key_format, int64_t n_keys, int64_t ratio,
-                                      int64_t p0, bool bf16, float* score) {
+                                      int64_t p0, S* score) {
   await_previous_kernel();
+  constexpr bool bf16 = std::is_same_v<S, Bf16Bits>;  // deepseek numerics' roundings
   const int64_t t = blockIdx.x;
   const int64_t w = int64_t(blockIdx.y) * kScoreWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -81,7 +97,7 @@ __global__ void indexer_scores_kernel(const float* q, const float* wts, int64_t 
     const float d = round_if(bf16, float(warp_sum(dot)));
     acc += double(round_if(bf16, fmaxf(d, 0.0f) * wts[t * heads + h]));
   }
-  if (lane == 0) score[t * n_keys + w] = round_if(bf16, float(acc));
+  if (lane == 0) score[t * n_keys + w] = stored_score<S>(round_if(bf16, float(acc)));
 }
 
 // Larger key = higher score, then lower row. −0 is folded into +0: they compare equal on the CPU.
@@ -94,14 +110,15 @@ __device__ inline uint64_t select_key(float score, int64_t w) {
 
 // Where a selection reads its candidates: for_each(f) calls f(key) for each, spread over the block.
 // A query's scores, keyed on the fly (the one-block path reads them from global memory).
+template <class S>
 struct ScoreKeys {
-  const float* score;
+  const S* score;
   int64_t n;
   template <class F>
   __device__ void for_each(F f) const {
-    for_each_element(score, n, [&](float s, int64_t w) { f(select_key(s, w)); });
+    for_each_element(score, n, [&](S s, int64_t w) { f(select_key(score_value(s), w)); });
   }
-  __device__ uint64_t first() const { return select_key(score[0], 0); }
+  __device__ uint64_t first() const { return select_key(score_value(score[0]), 0); }
 };
 
 // Keys already made: the candidates gathered so far.
@@ -152,20 +169,46 @@ __device__ inline void find_digit(const uint32_t* hist, int64_t remaining, int& 
   above = before;
 }
 
+// The first digit of a radix select (gather_top) is 12 bits wide: a score's sign, exponent and 3
+// mantissa bits. The k-th largest key's bin then nearly always fits in `sel` beside the keys above
+// it, so a query's scores are read twice, counted and then gathered; a first digit of 8 bits (an
+// octave of scores) held more keys than that at long contexts, and a second digit's pass read
+// them a third time. Its counts take the space of `sel` until the first gather.
+constexpr int kFirstDigitBits = 12, kFirstBins = 1 << kFirstDigitBits;
+static_assert(kFirstBins * sizeof(uint32_t) <= kMaxTopK * sizeof(uint64_t), "the first digit's counts fit in sel");
+
+// Of the 16 fine bins 16·c … 16·c + 15 of a first digit's counts, the one holding the
+// `remaining`-th largest key there, and how many keys lie in the bins above it, for every lane of
+// the one warp that calls it (the bin 16·c when no lane reaches it, as find_digit).
+__device__ inline void find_fine_bin(const uint32_t* counts, int c, int64_t remaining, int& bin, int64_t& above) {
+  const int lane = threadIdx.x % 32;
+  const uint32_t own = lane < 16 ? counts[16 * c + 15 - lane] : 0;  // lane 0 the highest bin
+  uint32_t through = own;
+  for (int offset = 1; offset < 16; offset *= 2) {
+    const uint32_t lower = __shfl_up_sync(kFullMask, through, offset);
+    if (lane >= offset) through += lower;
+  }
+  const unsigned reached = __ballot_sync(kFullMask, lane < 16 && int64_t(through) >= remaining);
+  const int owner = reached ? __ffs(reached) - 1 : 15;
+  bin = 16 * c + 15 - owner;
+  above = __shfl_sync(kFullMask, through - own, owner);
+}
+
 // Gathers into `sel` (shared memory, kMaxTopK keys), unordered, the min(k, n_real) largest of
 // `keys`, and returns how many; its callers run kSelectThreads threads. n_real counts the real
 // keys; the others are 0, below every real key, and never gathered. Radix select: the k-th largest
-// key, one 8-bit digit at a time from the top. The first digit's pass also finds the bits in which
-// the keys differ: a digit that none of them sets is the same in every key, so a pass over it would
-// learn nothing (bf16 scores, deepseek numerics, leave the low 16 bits of the score zero, and row
-// indices below 2^24 the top byte of the inverted row). Once the keys sharing the prefix fit in
-// `sel` beside those above it, both are gathered there (the ones above from its end), and the
-// later digits and the final gather read only them; once the keys with the prefix are exactly the
-// ones still wanted, the prefix is the threshold. (A query's scores do not stay in L2 between
-// passes: a separate pass for the varying bits and a final one over all the keys made five.)
+// key, one digit at a time from the top (the first of kFirstDigitBits, the others of 8). The first
+// digit's pass also finds the bits in which the keys differ: a digit that none of them sets is the
+// same in every key, so a pass over it would learn nothing (bf16 scores, deepseek numerics, leave
+// the low 16 bits of the score zero, and row indices below 2^24 the top byte of the inverted row).
+// Once the keys sharing the prefix fit in `sel` beside those above it, both are gathered there (the
+// ones above from its end), and the later digits and the final gather read only them; once the
+// keys with the prefix are exactly the ones still wanted, the prefix is the threshold. (A query's
+// scores do not stay in L2 between passes: a separate pass for the varying bits and a final one
+// over all the keys made five.)
 template <class Keys>
 __device__ int gather_top(const Keys& keys, int64_t n_real, int64_t k, uint64_t* sel) {
-  __shared__ uint32_t hist[256];
+  __shared__ uint32_t hist[256];  // a later digit's counts, or the first's summed 16 bins at a time
   __shared__ uint64_t prefix_s;
   __shared__ int64_t remaining_s, bucket_s;
   __shared__ int n_cand_s, n_above_s, n_sel_s;
@@ -176,43 +219,63 @@ __device__ int gather_top(const Keys& keys, int64_t n_real, int64_t k, uint64_t*
     uint64_t prefix = 0, mask = 0, varying = 0;
     int64_t remaining = k;
     const uint64_t first = keys.first();
-    for (int shift = 56; shift >= 0; shift -= 8) {
-      if (shift < 56 && ((varying >> shift) & 0xff) == 0) {  // every key has this digit: the keys in play keep it
-        prefix |= first & (uint64_t(0xff) << shift);
-        mask |= uint64_t(0xff) << shift;
+    uint32_t* first_counts = reinterpret_cast<uint32_t*>(sel);
+    for (int shift = 64 - kFirstDigitBits, bits = kFirstDigitBits;; bits = min(shift, 8), shift -= bits) {
+      const bool first_digit = bits == kFirstDigitBits;
+      const uint64_t digit_mask = ((uint64_t(1) << bits) - 1) << shift;
+      if (!first_digit && (varying & digit_mask) == 0) {  // every key has this digit: the keys in play keep it
+        prefix |= first & digit_mask;
+        mask |= digit_mask;
+        if (shift == 0) break;
         continue;
       }
-      for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
+      uint32_t* counts = first_digit ? first_counts : hist;
+      for (int b = threadIdx.x; b < (first_digit ? kFirstBins : 256); b += blockDim.x) counts[b] = 0;
       __syncthreads();
       // Most scores share their top digits: one atomic per group of lanes with equal digits (a
       // shared-memory atomic per lane on one address serialises the whole warp).
       uint64_t differs = 0;
       auto count = [&](uint64_t key) {
-        const unsigned digit = (key & mask) == prefix ? unsigned(key >> shift) & 0xff : 0x100;
+        const unsigned digit = (key & mask) == prefix ? unsigned((key & digit_mask) >> shift) : kFirstBins;
         const unsigned peers = __match_any_sync(__activemask(), digit);
-        if (digit < 0x100 && __ffs(peers) - 1 == int(threadIdx.x % 32)) atomicAdd(&hist[digit], unsigned(__popc(peers)));
+        if (digit < kFirstBins && __ffs(peers) - 1 == int(threadIdx.x % 32))
+          atomicAdd(&counts[digit], unsigned(__popc(peers)));
         differs |= key ^ first;
       };
       if (n_cand >= 0)
         StoredKeys{sel, n_cand}.for_each(count);
       else
         keys.for_each(count);
-      if (shift == 56) varying = block_or(differs);  // (its barriers also end the counting)
+      if (first_digit) {
+        varying = block_or(differs);  // (its barriers also end the counting)
+        for (int c = threadIdx.x; c < 256; c += blockDim.x) {
+          uint32_t sum = 0;  // (from a bin set by c: lanes 16 words apart would share a bank)
+          for (int j = 0; j < 16; ++j) sum += first_counts[16 * c + (j + c) % 16];
+          hist[c] = sum;
+        }
+      }
       __syncthreads();
       if (threadIdx.x < 32) {
         int digit;
         int64_t above;
         find_digit(hist, remaining, digit, above);
+        if (first_digit) {
+          int bin;
+          int64_t above_in_digit;
+          find_fine_bin(first_counts, digit, remaining - above, bin, above_in_digit);
+          digit = bin;
+          above += above_in_digit;
+        }
         if (threadIdx.x == 0) {
           prefix_s = prefix | (uint64_t(digit) << shift);
           remaining_s = remaining - above;
-          bucket_s = hist[digit];
+          bucket_s = counts[digit];
         }
       }
       __syncthreads();
       prefix = prefix_s;
       remaining = remaining_s;
-      mask |= uint64_t(0xff) << shift;
+      mask |= digit_mask;
       if (bucket_s == remaining) break;  // every key with this prefix is taken
       if (n_cand < 0 && bucket_s + (k - remaining) <= kMaxTopK) {  // (k − remaining keys lie above the prefix)
         if (threadIdx.x == 0) n_cand_s = n_above_s = 0;
@@ -228,6 +291,7 @@ __device__ int gather_top(const Keys& keys, int64_t n_real, int64_t k, uint64_t*
         n_cand = n_cand_s;
         n_above = n_above_s;
       }
+      if (shift == 0) break;
     }
     threshold = prefix;  // ≥ 1: the k-th largest key is real, and so is every key with its prefix
   }
@@ -306,15 +370,17 @@ __device__ inline void write_rows(const uint64_t* sel, int64_t n_sel, int64_t k,
 }
 
 // The top k of one query's `visible` scores into its k output rows (−1 past the visible ones).
-__device__ void select_over_scores(const float* score, int64_t visible, int64_t k, uint64_t* sel, int32_t* rows) {
-  const int n_sel = gather_top(ScoreKeys{score, visible}, visible, gathered(visible, k), sel);
+template <class S>
+__device__ void select_over_scores(const S* score, int64_t visible, int64_t k, uint64_t* sel, int32_t* rows) {
+  const int n_sel = gather_top(ScoreKeys<S>{score, visible}, visible, gathered(visible, k), sel);
   sort_descending(sel, n_sel);
   write_rows(sel, n_sel, k, rows);
 }
 
 // One block per query over its scores.
+template <class S>
 __global__ void __launch_bounds__(kSelectThreads)
-    indexer_topk_kernel(const float* score, int64_t n_keys, int64_t ratio, int64_t p0, int64_t k, int32_t* idx) {
+    indexer_topk_kernel(const S* score, int64_t n_keys, int64_t ratio, int64_t p0, int64_t k, int32_t* idx) {
   await_previous_kernel();
   __shared__ uint64_t sel[kMaxTopK];
   const int64_t t = blockIdx.x;
@@ -340,8 +406,9 @@ constexpr int kHistKeys = 16384, kHistThreads = 1024;
 constexpr size_t kHistBytes = kBins * sizeof(uint16_t) + kCoarseBins * sizeof(uint32_t);
 static_assert(kHistKeys < (1 << 16), "a block's count per bin fits 16 bits");
 
+template <class S>
 __global__ void __launch_bounds__(kHistThreads)
-    topk_histogram_kernel(const float* score, int64_t n_keys, int64_t ratio, int64_t p0, uint32_t* hist) {
+    topk_histogram_kernel(const S* score, int64_t n_keys, int64_t ratio, int64_t p0, uint32_t* hist) {
   await_previous_kernel();
   extern __shared__ uint32_t pair_counts[];  // kBins / 2 words (bin 2j in the low half of word j), then coarse
   uint32_t* coarse = pair_counts + kBins / 2;
@@ -351,8 +418,8 @@ __global__ void __launch_bounds__(kHistThreads)
   for (int j = threadIdx.x; j < kBins / 2 + kCoarseBins; j += blockDim.x) pair_counts[j] = 0;
   __syncthreads();
   const int64_t n = visible - w0 < kHistKeys ? visible - w0 : kHistKeys;
-  for_each_element(score + t * n_keys + w0, n, [&](float s, int64_t i) {
-    const int bin = bin_of(select_key(s, w0 + i));
+  for_each_element(score + t * n_keys + w0, n, [&](S s, int64_t i) {
+    const int bin = bin_of(select_key(score_value(s), w0 + i));
     atomicAdd(&pair_counts[bin / 2], 1u << (16 * (bin % 2)));
   });
   __syncthreads();
@@ -399,12 +466,13 @@ __global__ void __launch_bounds__(32) topk_threshold_kernel(const uint32_t* hist
 
 // Grid (key blocks, query): the keys above query t's threshold bin to above[t] (k each), those in
 // it to ties[t] (tie_room each).
-__global__ void topk_gather_kernel(const float* score, int64_t n_keys, int64_t ratio, int64_t p0, int64_t k,
+template <class S>
+__global__ void topk_gather_kernel(const S* score, int64_t n_keys, int64_t ratio, int64_t p0, int64_t k,
                                    int64_t tie_room, TopKThreshold* threshold, uint32_t* hist, uint64_t* above,
                                    uint64_t* ties) {
   await_previous_kernel();
   const int64_t t = blockIdx.y, visible = visible_keys(t, p0, ratio, n_keys);
-  const float* s = score + t * n_keys;
+  const S* s = score + t * n_keys;
   TopKThreshold& th = threshold[t];
   const int bin = th.bin;
   // The counts, read by the threshold kernel before this one started, cleared for the next selection.
@@ -412,7 +480,7 @@ __global__ void topk_gather_kernel(const float* score, int64_t n_keys, int64_t r
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < kHistWords; i += int64_t(gridDim.x) * blockDim.x)
     h[i] = 0;
   for (int64_t w = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; w < visible; w += int64_t(gridDim.x) * blockDim.x) {
-    const uint64_t key = select_key(s[w], w);
+    const uint64_t key = select_key(score_value(s[w]), w);
     if (bin_of(key) > bin) {
       above[t * k + atomicAdd(&th.n_above, 1u)] = key;
     } else if (bin_of(key) == bin) {
@@ -424,8 +492,9 @@ __global__ void topk_gather_kernel(const float* score, int64_t n_keys, int64_t r
 
 // Block per query: its listed keys sorted, the first k kept; or, when the threshold bin held more
 // keys than the list's room, the selection over all its scores.
+template <class S>
 __global__ void __launch_bounds__(kSelectThreads)
-    topk_final_kernel(const float* score, int64_t n_keys, int64_t ratio, int64_t p0, int64_t k, int64_t tie_room,
+    topk_final_kernel(const S* score, int64_t n_keys, int64_t ratio, int64_t p0, int64_t k, int64_t tie_room,
                       const TopKThreshold* threshold, const uint64_t* above, const uint64_t* ties, int32_t* idx) {
   await_previous_kernel();
   __shared__ uint64_t sel[kMaxTopK];
@@ -480,24 +549,25 @@ ThresholdScratch threshold_scratch(GrownBuffer& buffer, StreamMemory& memory, in
 }
 
 // The top k of n queries' scores into idx (the last query sees visible_max keys).
-void select_top_k(cudaStream_t stream, const float* score, int64_t n, int64_t n_keys, int64_t visible_max,
+template <class S>
+void select_top_k(cudaStream_t stream, const S* score, int64_t n, int64_t n_keys, int64_t visible_max,
                   int64_t ratio, int64_t p0, int64_t k, const ThresholdScratch* th, int32_t* idx) {
   if (!th) {
-    launch(indexer_topk_kernel, unsigned(n), kSelectThreads, 0, stream, score, n_keys, ratio, p0, k, idx);
+    launch(indexer_topk_kernel<S>, unsigned(n), kSelectThreads, 0, stream, score, n_keys, ratio, p0, k, idx);
     DSV4_CUDA_LAUNCHED("indexer_select (top-k)");
     return;
   }
   constexpr int kKeysPerBlock = 2048, kThreads = 256;  // the gather's
   const dim3 hist_grid(unsigned(std::max<int64_t>(1, (visible_max + kHistKeys - 1) / kHistKeys)), unsigned(n));
-  launch(topk_histogram_kernel, hist_grid, kHistThreads, kHistBytes, stream, score, n_keys, ratio, p0, th->hist);
+  launch(topk_histogram_kernel<S>, hist_grid, kHistThreads, kHistBytes, stream, score, n_keys, ratio, p0, th->hist);
   DSV4_CUDA_LAUNCHED("indexer_select (top-k histogram)");
   launch(topk_threshold_kernel, unsigned(n), 32, 0, stream, th->hist, k, th->threshold);
   DSV4_CUDA_LAUNCHED("indexer_select (top-k threshold)");
   const dim3 grid(unsigned(std::max<int64_t>(1, (visible_max + kKeysPerBlock - 1) / kKeysPerBlock)), unsigned(n));
-  launch(topk_gather_kernel, grid, kThreads, 0, stream, score, n_keys, ratio, p0, k, th->tie_room, th->threshold,
+  launch(topk_gather_kernel<S>, grid, kThreads, 0, stream, score, n_keys, ratio, p0, k, th->tie_room, th->threshold,
          th->hist, th->above, th->ties);
   DSV4_CUDA_LAUNCHED("indexer_select (top-k gather)");
-  launch(topk_final_kernel, unsigned(n), kSelectThreads, 0, stream, score, n_keys, ratio, p0, k, th->tie_room,
+  launch(topk_final_kernel<S>, unsigned(n), kSelectThreads, 0, stream, score, n_keys, ratio, p0, k, th->tie_room,
          th->threshold, th->above, th->ties, idx);
   DSV4_CUDA_LAUNCHED("indexer_select (top-k final)");
 }
@@ -532,28 +602,39 @@ void CudaBackend::indexer_select(const float* q, const float* wts, int64_t T, in
     allow_shared_memory(fp4_scores_kernel(tensor_cores), fp4_scores_smem(int(heads), tensor_cores),
                         "indexer scores over compact keys");
   }
-  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(T, kScoreScratch / n_keys));
-  DeviceArray<float> score(memory_, size_t(chunk * n_keys));
-  const bool by_threshold = threshold_path(T, std::min(n_keys, (p0 + T) / ratio), k);
-  const ThresholdScratch th =
-      by_threshold ? threshold_scratch(topk_scratch_, memory_, chunk, k) : ThresholdScratch{};
-  if (by_threshold)
-    allow_shared_memory(reinterpret_cast<const void*>(topk_histogram_kernel), kHistBytes, "indexer top-k histogram");
-  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
-    const int64_t n = std::min(chunk, T - t0);
-    const int64_t visible_max = std::min(n_keys, (p0 + t0 + n) / ratio);
-    if (visible_max > 0 && fp4_path) {
-      fp4_scores(stream_, fp4_queries, t0, n, wts, int(heads), key_format, keys, n_keys, visible_max, ratio, p0,
-                 tensor_cores, score.get());
-    } else if (visible_max > 0) {
-      const dim3 grid(unsigned(n), unsigned((visible_max + kScoreWarps - 1) / kScoreWarps));
-      launch(indexer_scores_kernel, grid, kScoreWarps * 32, 0, stream_, q + t0 * heads * dim, wts + t0 * heads, heads,
-             dim, keys, key_format, n_keys, ratio, p0 + t0, deepseek(), score.get());
-      DSV4_CUDA_LAUNCHED("indexer_select (scores)");
+  // The chunks' scores, stored as S (see the top).
+  auto score_and_select = [&](auto stored) {
+    using S = decltype(stored);
+    const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(T, kScoreScratchBytes / int64_t(sizeof(S)) / n_keys));
+    DeviceArray<S> score(memory_, size_t(chunk * n_keys));
+    const bool by_threshold = threshold_path(T, std::min(n_keys, (p0 + T) / ratio), k);
+    const ThresholdScratch th =
+        by_threshold ? threshold_scratch(topk_scratch_, memory_, chunk, k) : ThresholdScratch{};
+    if (by_threshold)
+      allow_shared_memory(reinterpret_cast<const void*>(topk_histogram_kernel<S>), kHistBytes,
+                          "indexer top-k histogram");
+    for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+      const int64_t n = std::min(chunk, T - t0);
+      const int64_t visible_max = std::min(n_keys, (p0 + t0 + n) / ratio);
+      if constexpr (std::is_same_v<S, Bf16Bits>) {
+        if (visible_max > 0 && fp4_path)
+          fp4_scores(stream_, fp4_queries, t0, n, wts, int(heads), key_format, keys, n_keys, visible_max, ratio, p0,
+                     tensor_cores, score.get());
+      }
+      if (visible_max > 0 && !fp4_path) {
+        const dim3 grid(unsigned(n), unsigned((visible_max + kScoreWarps - 1) / kScoreWarps));
+        launch(indexer_scores_kernel<S>, grid, kScoreWarps * 32, 0, stream_, q + t0 * heads * dim, wts + t0 * heads,
+               heads, dim, keys, key_format, n_keys, ratio, p0 + t0, score.get());
+        DSV4_CUDA_LAUNCHED("indexer_select (scores)");
+      }
+      select_top_k(stream_, score.get(), n, n_keys, visible_max, ratio, p0 + t0, k, by_threshold ? &th : nullptr,
+                   idx + t0 * k);
     }
-    select_top_k(stream_, score.get(), n, n_keys, visible_max, ratio, p0 + t0, k, by_threshold ? &th : nullptr,
-                 idx + t0 * k);
-  }
+  };
+  if (deepseek())
+    score_and_select(Bf16Bits{});
+  else
+    score_and_select(float{});
 }
 
 }  // namespace dsv4::cuda

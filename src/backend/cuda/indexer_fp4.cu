@@ -450,7 +450,7 @@ __device__ inline bool fast_for(int4 bounds, bool single, int lo, int hi) {
 // kFp4KeysPerBlock keys w (see the top). q: the chunk's prepared queries, wts their weights.
 __global__ void __launch_bounds__(kFp4Threads, 4)
     indexer_scores_fp4_kernel(Fp4Queries q, const float* wts, int64_t n_queries, int heads, RowFormat f,
-                              const float* keys, int64_t n_keys, int64_t ratio, int64_t p0, float* score) {
+                              const float* keys, int64_t n_keys, int64_t ratio, int64_t p0, Bf16Bits* score) {
   await_previous_kernel();
   extern __shared__ uint32_t fp4_smem[];
   const int tiles = int(head_tiles(heads)), blocks = f.width / RowFormat::kFp4Block;
@@ -477,10 +477,10 @@ __global__ void __launch_bounds__(kFp4Threads, 4)
     if (fast_for(__ldg(own.query), k.single, k.lo, k.hi)) {
       const int64_t w = warp_w0 + 8 * i + g;
       const double sum = fast_sum(own.words, own.lanes, k.a, tiles, blocks);
-      if (w < visible) score[t * n_keys + w] = round_bf16(float(sum * k.scale));
+      if (w < visible) score[t * n_keys + w] = f32_to_bf16(float(sum * k.scale));
     } else {
       const double sum = ordered_sum(own.words, own.exps, wts + t * heads, heads, tiles, blocks, k.a, k_exp, terms);
-      if (warp_w0 + lane < visible) score[t * n_keys + warp_w0 + lane] = round_bf16(float(sum));
+      if (warp_w0 + lane < visible) score[t * n_keys + warp_w0 + lane] = f32_to_bf16(float(sum));
     }
   }
 }
@@ -548,7 +548,7 @@ __device__ inline float tensor_sum(const unsigned char* tile, const KeyOperands&
 // ordered path, warp by warp.
 __global__ void __launch_bounds__(kTcThreads, 2)
     indexer_scores_fp4_tc_kernel(Fp4Queries q, const float* wts, int64_t n_queries, int heads, RowFormat f,
-                                 const float* keys, int64_t n_keys, int64_t ratio, int64_t p0, float* score) {
+                                 const float* keys, int64_t n_keys, int64_t ratio, int64_t p0, Bf16Bits* score) {
 #ifdef DSV4_WGMMA
   await_previous_kernel();
   extern __shared__ unsigned char tc_smem_base[];
@@ -606,11 +606,11 @@ __global__ void __launch_bounds__(kTcThreads, 2)
       const float sum = tensor_sum(image, k.a, pairs);
       const int64_t w = warp_w0 + 8 * i + g;
       // (2^E_k is a float, so one float product rounds as the double product's conversion would)
-      if (w < visible) score[t * n_keys + w] = round_bf16(sum * float(k.scale));
+      if (w < visible) score[t * n_keys + w] = f32_to_bf16(sum * float(k.scale));
     } else if (warp_w0 < visible) {
       const Fp4Queries own = q.from(t, heads);
       const double sum = ordered_sum(own.words, own.exps, wts + t * heads, heads, tiles, blocks, k.a, k_exp, terms);
-      if (warp_w0 + lane < visible) score[t * n_keys + warp_w0 + lane] = round_bf16(float(sum));
+      if (warp_w0 + lane < visible) score[t * n_keys + warp_w0 + lane] = f32_to_bf16(float(sum));
     }
     __syncwarp();
     if (lane == 0) barrier_arrive(&emptied[n % kTcStages]);
@@ -661,7 +661,7 @@ size_t fp4_scores_smem(int heads, bool tensor_cores) {
 
 void fp4_scores(cudaStream_t stream, const Fp4Queries& q, int64_t t0, int64_t n, const float* wts, int heads,
                 const RowFormat& f, const float* keys, int64_t n_keys, int64_t visible_max, int64_t ratio, int64_t p0,
-                bool tensor_cores, float* score) {
+                bool tensor_cores, Bf16Bits* score) {
   const Fp4Queries chunk = q.from(t0, heads);
   const int block_keys = tensor_cores ? kTcKeysPerBlock : kFp4KeysPerBlock;
   const int block_queries = tensor_cores ? kTcQueriesPerBlock : kFp4QueriesPerBlock;

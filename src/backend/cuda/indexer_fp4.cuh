@@ -12,6 +12,10 @@
 
 namespace dsv4::cuda {
 
+// A deepseek score as a chunk stores it: its bf16 bits (every score is a bf16 value in deepseek
+// numerics; indexer.cu).
+using Bf16Bits = uint16_t;
+
 // Query t of a chunk starting at position p0 sees the rows w < ⌊(p0 + t + 1) / ratio⌋ that exist.
 __device__ inline int64_t visible_keys(int64_t t, int64_t p0, int64_t ratio, int64_t n_keys) {
   return (p0 + t + 1) / ratio < n_keys ? (p0 + t + 1) / ratio : n_keys;
@@ -87,11 +91,11 @@ Fp4Queries prepare_fp4_queries(cudaStream_t stream, const float* q_packed, const
 const void* fp4_scores_kernel(bool tensor_cores);
 size_t fp4_scores_smem(int heads, bool tensor_cores);
 
-// score[t − t0, w] for the queries t0 … t0 + n − 1 of q (positions p0 + t − t0) over the keys each
+// score[t − t0, w] (bf16 bits) for the queries t0 … t0 + n − 1 of q (positions p0 + t − t0) over the keys each
 // sees (the last sees visible_max); wts as given to prepare_fp4_queries. tensor_cores: deepseek-tc's
 // kernel (q prepared with images; see indexer_fp4.cu).
 void fp4_scores(cudaStream_t stream, const Fp4Queries& q, int64_t t0, int64_t n, const float* wts, int heads,
                 const RowFormat& f, const float* keys, int64_t n_keys, int64_t visible_max, int64_t ratio, int64_t p0,
-                bool tensor_cores, float* score);
+                bool tensor_cores, Bf16Bits* score);
 
 }  // namespace dsv4::cuda
