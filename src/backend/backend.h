@@ -41,7 +41,15 @@ enum class Compute {
   quantized,  // FP8/FP4 weights: per-128 FP8 activation quantization, scaled K-tile sums, bf16 out
   bf16,       // bf16 operands (weights dequantized exactly), fp32 accumulate, bf16 out
   f32,        // fp32 in, fp32 accumulate, fp32 out
+  // f32 of an x whose values are bf16 in deepseek numerics (a bf16-rounded output: an RMSNorm's,
+  // the HC state). Its products by BF16 weights are exact in bf16, by F32 ones in three TF32 parts
+  // of the weight, so the reference's fp32 GEMM differs from the exact sum only in its order of
+  // summation, and deepseek-tc may sum the products on the tensor cores (fp32 accumulation).
+  // Elsewhere it is f32.
+  f32_bf16_in,
 };
+// Whether deepseek numerics round the product's output to bf16 (fp32 kinds keep fp32).
+inline bool rounds_output(Compute compute) { return compute == Compute::quantized || compute == Compute::bf16; }
 
 // RoPE frequencies of one layer kind (§3.0): rope_head_dim/2 fp32 values.
 struct RopeFreqs {

@@ -18,7 +18,8 @@ namespace dsv4::engine {
 
 namespace {
 
-// A compressor's projections of every row of the batch: a = x·wkvᵀ, s = x·wgateᵀ ([T, width]).
+// A compressor's projections of every row of the batch: a = x·wkvᵀ, s = x·wgateᵀ ([T, width]), fp32
+// products of the sublayer's normed x and BF16 weights.
 struct CompressorInput {
   Buffer a, s;
   int64_t width = 0;
@@ -26,8 +27,8 @@ struct CompressorInput {
 
 CompressorInput project_compressor(Backend& b, const model::CompressorWeights& cw, const float* x, int64_t T) {
   CompressorInput in{Buffer(b, size_t(T * cw.width())), Buffer(b, size_t(T * cw.width())), cw.width()};
-  b.linear(cw.wkv, Compute::f32, x, T, in.a.get());
-  b.linear(cw.wgate, Compute::f32, x, T, in.s.get());
+  b.linear(cw.wkv, Compute::f32_bf16_in, x, T, in.a.get());
+  b.linear(cw.wgate, Compute::f32_bf16_in, x, T, in.s.get());
   return in;
 }
 

@@ -119,7 +119,7 @@ Engine::DeviceLogits Engine::segment_logits(std::span<const Segment> segments, s
   b.hc_head(hc_head, X_out.get(), n_out, hc, D, c.hc_eps, c.rms_norm_eps, y.get());
   trace(tracer, y_name, y.get(), {n_out, D});
   b.rms_norm(y.get(), norm.data(), n_out, D, c.rms_norm_eps, z.get());
-  b.linear(model_.weights().head, Compute::f32, z.get(), n_out, out.rows.get());
+  b.linear(model_.weights().head, Compute::f32_bf16_in, z.get(), n_out, out.rows.get());
   trace(tracer, logits_name, out.rows.get(), {n_out, V});
   return out;
 }

@@ -105,7 +105,7 @@ void CpuBackend::linear(const Linear& W, Compute compute, const float* x, int64_
       }
     });
   }
-  const bool round_out = deepseek() && compute != Compute::f32;
+  const bool round_out = deepseek() && rounds_output(compute);
   const int64_t tile = W.format == WeightFormat::fp4 ? 32 : 128;
 
   // Phase 2: blocks of output rows against every token.

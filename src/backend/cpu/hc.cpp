@@ -54,7 +54,8 @@ void CpuBackend::hc_pre(const model::HcParams& p, const float* X, int64_t T, int
                         int64_t sinkhorn_iters, double hc_eps, double norm_eps, float* u, float* post, float* comb) {
   const int64_t mix_n = p.fn.out;  // (2 + hc)·hc
   std::vector<float> mix(static_cast<size_t>(T * mix_n));
-  linear(p.fn, Compute::f32, X, T, mix.data());  // x·fnᵀ first, then the rms scale (§3.2.1)
+  // x·fnᵀ first, then the rms scale (§3.2.1); the HC state holds bf16 values (§3.2.2)
+  linear(p.fn, Compute::f32_bf16_in, X, T, mix.data());
   const float eps = float(hc_eps);
   parallel_for(T, [&](int64_t t) {
     const float* x = X + t * hc * D;
@@ -98,7 +99,7 @@ void CpuBackend::hc_post(const float* a, const float* X, const float* post, cons
 void CpuBackend::hc_head(const model::HcParams& p, const float* X, int64_t T, int64_t hc, int64_t D,
                          double hc_eps, double norm_eps, float* y) {
   std::vector<float> mix(static_cast<size_t>(T * hc));
-  linear(p.fn, Compute::f32, X, T, mix.data());
+  linear(p.fn, Compute::f32_bf16_in, X, T, mix.data());
   parallel_for(T, [&](int64_t t) {
     const float* x = X + t * hc * D;
     const float rs = stream_rms_inverse(x, hc * D, norm_eps);

@@ -599,7 +599,7 @@ void CudaBackend::gemm(const GemmRequest& r, const SwigluUp* swiglu) {
   const bool tensor_cores = tensor_cores_ && tensor_cores_->handles(r);
   if (tensor_cores && !tiled) {
     quantized_x_ = {};  // as after every product without quantization (below)
-    tensor_cores_->run_bf16(r, memory_);
+    tensor_cores_->run_unquantized(r, memory_);
     return;
   }
   // deepseek-tc: the routed FP4 experts of many rows on the FP8 tensor cores, from the activations'
@@ -609,7 +609,7 @@ void CudaBackend::gemm(const GemmRequest& r, const SwigluUp* swiglu) {
   // the tensor cores' mma.sync (gemv_tc.cu).
   const bool tc_few = on_tc_gemv(r);
   DSV4_CUDA_REQUIRE(!swiglu || tc_few, "linear: a SwiGLU joined to a product that tc_gemv does not take");
-  const bool round_out = deepseek() && r.compute != Compute::f32;
+  const bool round_out = deepseek() && rounds_output(r.compute);
   const int64_t n_src = r.source_rows(), n_k128 = (K + 127) / 128;
   // One scratch buffer, in parts that are live together: the quantized activations, their scales
   // (written in every form; the bf16 one has them folded in) and the grouping of rows by expert of

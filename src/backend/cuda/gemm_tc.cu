@@ -6,7 +6,8 @@
 // layouts"): the activations' 1×128 scales with the token rows innermost, [K/128][T], which
 // act_quant writes for this path; the weights' 128×128 scales with the K blocks innermost and
 // their count rounded up to a multiple of 4, [N/128][L4], copied once from the checkpoint's
-// [N/128][K/128]. cuBLASLt writes fp32, which a second kernel rounds to bf16.
+// [N/128][K/128]. cuBLASLt writes fp32, which a second kernel rounds to bf16 where the product's
+// kind rounds.
 #include <cuda_fp8.h>
 
 #include <algorithm>
@@ -57,6 +58,33 @@ __global__ void bf16_operands_kernel(LinearView W, int64_t row0, int64_t rows, c
   }
 }
 
+// The TF32 parts of rows [row0, row0 + rows) of F32 weights: parts[j·rows + i] = w_j of row
+// row0 + i, with w₁ = w's top 11 significant bits (its float bits with the low 13 cleared, the
+// TF32 tensor cores' reading of a float), w₂ the same of w − w₁, w₃ = w − w₁ − w₂ (at most 2
+// bits). Both differences are exact in fp32, so w = w₁ + w₂ + w₃, and each part times a bf16 value
+// (8 significant bits) is exact in the tensor cores' fp32 products.
+__global__ void tf32_parts_kernel(LinearView W, int64_t row0, int64_t rows, float* parts) {
+  await_previous_kernel();
+  const int64_t K = W.in, n = rows * K;
+  const float* w = reinterpret_cast<const float*>(W.data) + row0 * K;
+  auto tf32 = [](float v) { return __uint_as_float(__float_as_uint(v) & 0xffffe000u); };
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float w1 = tf32(w[i]), rest = w[i] - w1, w2 = tf32(rest);
+    parts[i] = w1, parts[n + i] = w2, parts[2 * n + i] = rest - w2;
+  }
+}
+
+// y[t, j] = (p[t, j] + p[t, rows + j]) + p[t, 2·rows + j] for t < T, j < rows: the three parts'
+// products (p: [T, 3·rows]), y rows of y_stride.
+__global__ void add_parts_kernel(const float* p, int64_t T, int64_t rows, float* y, int64_t y_stride) {
+  await_previous_kernel();
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < T * rows; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / rows, j = i % rows;
+    const float* pt = p + t * 3 * rows;
+    y[t * y_stride + j] = (pt[j] + pt[rows + j]) + pt[2 * rows + j];
+  }
+}
+
 // y[t, 0 : rows) = bf16(y[t, 0 : rows)) for t < T, rows of y_stride: block t takes row t.
 __global__ void round_rows_bf16_kernel(float* y, int64_t y_stride, int64_t rows) {
   await_previous_kernel();
@@ -82,27 +110,35 @@ bool TensorCoreGemm::handles(const GemmRequest& r) {
   const LinearView& W = r.W;
   const int64_t K = W.in;
   const bool fp8 = r.compute == Compute::quantized;
-  if ((!fp8 && r.compute != Compute::bf16) || r.table || r.x_div != 1 || r.T < kMinRows || r.y_stride % 4 != 0 ||
-      reinterpret_cast<uintptr_t>(r.y) % 16 != 0)
+  // fp32 products of a bf16 input by BF16 weights, or by F32 ones in TF32 parts (run_tf32_parts).
+  const bool bf16_in = r.compute == Compute::f32_bf16_in;
+  const bool tf32 = bf16_in && W.format == kF32;
+  if ((!fp8 && r.compute != Compute::bf16 && !bf16_in) || r.table || r.x_div != 1 || r.T < kMinRows ||
+      r.y_stride % 4 != 0 || reinterpret_cast<uintptr_t>(r.y) % 16 != 0)
     return false;
+  if (tf32 && (K % 4 != 0 || r.x_stride != K || reinterpret_cast<uintptr_t>(r.x) % 16 != 0)) return false;
   if (fp8 && uses_tensor_core_fp8(r)) return true;
   // cuBLASLt (13, H200) has no block-scaled algorithm for a token count that is not a multiple of
   // 4 (CUBLAS_STATUS_NOT_SUPPORTED for 77 and 78; 76 runs): such a chunk takes the exact kernels.
   if (fp8 && (W.format != kFp8 || r.T % 4 != 0 || K % 128 != 0 || r.row0 % 128 != 0 || W.scale_cols != K / 128))
     return false;
-  if (!fp8 && !((W.format == kFp8 || W.format == kBf16) && K % 8 == 0)) return false;
+  if (r.compute == Compute::bf16 && !((W.format == kFp8 || W.format == kBf16) && K % 8 == 0)) return false;
+  if (bf16_in && !tf32 && !(W.format == kBf16 && K % 8 == 0)) return false;
   // cuBLASLt's dimensions are 32-bit.
   if (r.rows > INT32_MAX || r.T > INT32_MAX || K > INT32_MAX || r.y_stride > INT32_MAX) return false;
-  return plan_for(fp8, r.rows, r.T, K, r.y_stride).found;
+  return tf32 ? plan_for(Operands::tf32, 3 * r.rows, r.T, K, 3 * r.rows).found
+              : plan_for(fp8 ? Operands::fp8 : Operands::bf16, r.rows, r.T, K, r.y_stride).found;
 }
 
-TensorCoreGemm::Plan& TensorCoreGemm::plan_for(bool fp8, int64_t N, int64_t T, int64_t K, int64_t ldd) {
-  const auto key = std::make_tuple(fp8, N, T, K, ldd);
+TensorCoreGemm::Plan& TensorCoreGemm::plan_for(Operands operands, int64_t N, int64_t T, int64_t K, int64_t ldd) {
+  const auto key = std::make_tuple(operands, N, T, K, ldd);
   if (auto it = plans_.find(key); it != plans_.end()) return it->second;
   if (!handle_) check_lt(cublasLtCreate(&handle_), "cublasLtCreate");
   if (!workspace_) DSV4_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
   Plan& p = plans_[key];
-  check_lt(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  const bool fp8 = operands == Operands::fp8;
+  const cublasComputeType_t compute = operands == Operands::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  check_lt(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
   set(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
   set(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
   if (fp8) {
@@ -112,7 +148,7 @@ TensorCoreGemm::Plan& TensorCoreGemm::plan_for(bool fp8, int64_t N, int64_t T, i
     set(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(workspace_));
     set(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(workspace_));
   }
-  const cudaDataType operand = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+  const cudaDataType operand = fp8 ? CUDA_R_8F_E4M3 : operands == Operands::bf16 ? CUDA_R_16BF : CUDA_R_32F;
   check_lt(cublasLtMatrixLayoutCreate(&p.a, operand, uint64_t(K), uint64_t(N), K), "layout A");
   check_lt(cublasLtMatrixLayoutCreate(&p.b, operand, uint64_t(K), uint64_t(T), K), "layout B");
   check_lt(cublasLtMatrixLayoutCreate(&p.d, CUDA_R_32F, uint64_t(N), uint64_t(T), ldd), "layout D");
@@ -136,7 +172,8 @@ TensorCoreGemm::Plan& TensorCoreGemm::plan_for(bool fp8, int64_t N, int64_t T, i
   static int untold = 3;
   if (!p.found && untold > 0)
     std::fprintf(stderr, "deepseek-tc: cuBLASLt has no %s algorithm for %lld rows x %lld tokens x K %lld (%s); the "
-                 "exact kernels run it%s\n", fp8 ? "FP8 block-scaled" : "bf16", (long long)N, (long long)T,
+                 "exact kernels run it%s\n", fp8 ? "FP8 block-scaled" : operands == Operands::bf16 ? "bf16" : "TF32",
+                 (long long)N, (long long)T,
                  (long long)K, cublasLtGetStatusName(status), --untold ? "" : " (further shapes are not reported)");
   return p;
 }
@@ -152,12 +189,13 @@ const float* TensorCoreGemm::weight_scales(const LinearView& W, cudaStream_t str
   return f32;
 }
 
-void TensorCoreGemm::multiply(const GemmRequest& r, const Plan& p, const void* w, const void* x,
+void TensorCoreGemm::multiply(const GemmRequest& r, const Plan& p, const void* w, const void* x, float* y,
                               cudaStream_t stream) {
   const float one = 1.0f, zero = 0.0f;
-  check_lt(cublasLtMatmul(handle_, p.desc, &one, w, p.a, x, p.b, &zero, r.y, p.d, r.y, p.d, &p.algo, workspace_,
+  check_lt(cublasLtMatmul(handle_, p.desc, &one, w, p.a, x, p.b, &zero, y, p.d, y, p.d, &p.algo, workspace_,
                           kWorkspaceBytes, stream),
            "cublasLtMatmul");
+  if (!rounds_output(r.compute)) return;
   launch(round_rows_bf16_kernel, unsigned(r.T), 256, 0, stream, r.y, r.y_stride, r.rows);
   DSV4_CUDA_LAUNCHED("linear (tensor cores: bf16 rounding)");
 }
@@ -166,30 +204,49 @@ void TensorCoreGemm::run_quantized(const GemmRequest& r, const uint8_t* x_codes,
                                    cudaStream_t stream) {
   const LinearView& W = r.W;
   const int64_t K = W.in;
-  Plan& p = plan_for(true, r.rows, r.T, K, r.y_stride);
+  Plan& p = plan_for(Operands::fp8, r.rows, r.T, K, r.y_stride);
   DSV4_CUDA_REQUIRE(p.found, "linear: no cuBLASLt FP8 algorithm for ", r.rows, " rows × ", r.T, " tokens × K ", K);
   const float* w_scales = weight_scales(W, stream) + r.row0 / 128 * scale_stride(W);
   set(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(w_scales));
   set(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(x_scales));
-  multiply(r, p, W.data + r.row0 * K, x_codes, stream);
+  multiply(r, p, W.data + r.row0 * K, x_codes, r.y, stream);
 }
 
-void TensorCoreGemm::run_bf16(const GemmRequest& r, StreamMemory& memory) {
-  const cudaStream_t stream = memory.stream();
+void TensorCoreGemm::run_unquantized(const GemmRequest& r, StreamMemory& memory) {
   const LinearView& W = r.W;
+  if (W.format == kF32) {
+    run_tf32_parts(r, memory);
+    return;
+  }
+  const cudaStream_t stream = memory.stream();
   const int64_t K = W.in;
-  Plan& p = plan_for(false, r.rows, r.T, K, r.y_stride);
+  Plan& p = plan_for(Operands::bf16, r.rows, r.T, K, r.y_stride);
   DSV4_CUDA_REQUIRE(p.found, "linear: no cuBLASLt bf16 algorithm for ", r.rows, " rows × ", r.T, " tokens × K ", K);
   // BF16 weights are read in place; FP8 ones are dequantized into the scratch with x.
   const bool copy_w = W.format != kBf16;
   const size_t w_elems = copy_w ? size_t(r.rows * K + 7) / 8 * 8 : 0;  // x stays 16-byte aligned
-  auto* scratch = static_cast<uint16_t*>(bf16_operands_.get(memory, (w_elems + size_t(r.T * K)) * sizeof(uint16_t)));
+  auto* scratch = static_cast<uint16_t*>(operands_.get(memory, (w_elems + size_t(r.T * K)) * sizeof(uint16_t)));
   const int64_t w_rows = copy_w ? r.rows : 0;
   launch(bf16_operands_kernel, unsigned(std::max(w_rows, r.T)), 256, 0, stream, W, r.row0, w_rows, r.x, r.x_stride,
          r.T, scratch, scratch + w_elems);
   DSV4_CUDA_LAUNCHED("linear (tensor cores: bf16 operands)");
   const void* w = copy_w ? static_cast<const void*>(scratch) : static_cast<const void*>(W.data + r.row0 * K * 2);
-  multiply(r, p, w, scratch + w_elems, stream);
+  multiply(r, p, w, scratch + w_elems, r.y, stream);
+}
+
+void TensorCoreGemm::run_tf32_parts(const GemmRequest& r, StreamMemory& memory) {
+  const cudaStream_t stream = memory.stream();
+  const int64_t K = r.W.in, n_parts = 3 * r.rows;
+  Plan& p = plan_for(Operands::tf32, n_parts, r.T, K, n_parts);
+  DSV4_CUDA_REQUIRE(p.found, "linear: no cuBLASLt TF32 algorithm for ", n_parts, " rows × ", r.T, " tokens × K ", K);
+  // The parts [3·rows, K] (16-byte aligned: K is a multiple of 4), then their products [T, 3·rows].
+  auto* parts = static_cast<float*>(operands_.get(memory, size_t(n_parts * K + r.T * n_parts) * sizeof(float)));
+  float* products = parts + n_parts * K;
+  launch(tf32_parts_kernel, grid_for(r.rows * K, 256), 256, 0, stream, r.W, r.row0, r.rows, parts);
+  DSV4_CUDA_LAUNCHED("linear (tensor cores: TF32 parts)");
+  multiply(r, p, parts, r.x, products, stream);
+  launch(add_parts_kernel, grid_for(r.T * r.rows, 256), 256, 0, stream, products, r.T, r.rows, r.y, r.y_stride);
+  DSV4_CUDA_LAUNCHED("linear (tensor cores: the parts' sum)");
 }
 
 }  // namespace dsv4::cuda

@@ -7,8 +7,15 @@
 //     partial (tools/oracle/NOTES.md §5);
 //   - bf16 products (wo_a, the indexer's weights_proj) on the bf16 tensor cores with fp32
 //     accumulation, as the reference's bf16 GEMM: the weights dequantized into bf16 (exact for
-//     FP8 with E8M0 scales) in scratch for the product's duration, x in bf16 (its values are).
-// Both round their fp32 output to bf16, like every such product. On a Hopper (sm_90a) some quantized
+//     FP8 with E8M0 scales) in scratch for the product's duration, x in bf16 (its values are);
+//   - fp32 products of a bf16 input (Compute::f32_bf16_in: the compressors' and the head's of
+//     normed rows, mHC's of the HC state), whose products can be made exact: by
+//     BF16 weights on the bf16 tensor cores as above; F32 weights (mHC's fn) split into three
+//     TF32 parts, w = w₁ + w₂ + w₃ (11, 11 and 2 significant bits), on the TF32 tensor cores, x
+//     read in place (its bf16 values are TF32 ones), the three partial products then added. So
+//     only the order of the fp32 sum differs from the reference's fp32 GEMM.
+// The quantized and bf16 products round their fp32 output to bf16, like every such product; the
+// fp32 ones keep it. On a Hopper (sm_90a) some quantized
 // FP8 products run on our own kernel instead (gemm_fp8_tc.cu, uses_tensor_core_fp8): those with
 // short K, where it measured faster, and token counts cuBLASLt cannot take.
 #pragma once
@@ -38,20 +45,23 @@ class TensorCoreGemm {
   TensorCoreGemm(const TensorCoreGemm&) = delete;
   TensorCoreGemm& operator=(const TensorCoreGemm&) = delete;
 
-  // Whether r (quantized or bf16 compute) can run on the tensor cores: one matrix (no expert
-  // table), one activation row per token row, at least kMinRows of them, y rows 16-byte aligned,
-  // and then for quantized compute uses_tensor_core_fp8(r) or, elsewhere, a cuBLASLt algorithm for
-  // the shape. Quantized on cuBLASLt: FP8 weights with 128×128 block scales, whole scale blocks
+  // Whether r (quantized, bf16 or f32_bf16_in compute) can run on the tensor cores: one
+  // matrix (no expert table), one activation row per token row, at least kMinRows of them, y rows
+  // 16-byte aligned, and then for quantized compute uses_tensor_core_fp8(r) or, elsewhere, a
+  // cuBLASLt algorithm for the shape. Quantized on cuBLASLt: FP8 weights with 128×128 block scales, whole scale blocks
   // from row0, K a multiple of 128, and a multiple of 4 token rows (cuBLASLt 13 has no
-  // block-scaled algorithm for others). bf16: FP8 or BF16 weights, K a multiple of 8.
+  // block-scaled algorithm for others). bf16: FP8 or BF16 weights, K a multiple of 8;
+  // f32_bf16_in: BF16 weights, K a multiple of 8, or F32 weights, K a multiple of 4 and x rows
+  // of K floats.
   bool handles(const GemmRequest& r);
   // Quantized, on cuBLASLt: y[t, 0 : rows) = bf16(x_codes[t] · W[row0 : row0+rows]ᵀ), each K
   // tile's product scaled by x_scales[tile, t] (act_quant's per-K-block layout for this path) and
   // the weight block's scale. x_codes: [T, K] e4m3 bytes. Requires handles(r) and not
   // uses_tensor_core_fp8(r).
   void run_quantized(const GemmRequest& r, const uint8_t* x_codes, const float* x_scales, cudaStream_t stream);
-  // bf16: y[t, 0 : rows) = bf16(bf16(x[t]) · bf16(W[row0 : row0+rows])ᵀ). Requires handles(r).
-  void run_bf16(const GemmRequest& r, StreamMemory& memory);
+  // bf16 and f32_bf16_in: y[t, 0 : rows) = bf16(bf16(x[t]) · bf16(W[row0 : row0+rows])ᵀ), not
+  // rounded for f32_bf16_in; F32 weights by their TF32 parts. Requires handles(r).
+  void run_unquantized(const GemmRequest& r, StreamMemory& memory);
 
   // Plans and scale copies made so far (the profiler leaves calls that made one out).
   size_t setups() const { return plans_.size() + scales_.size(); }
@@ -61,27 +71,31 @@ class TensorCoreGemm {
   static constexpr int64_t kMinRows = 32;
 
  private:
+  enum class Operands { fp8, bf16, tf32 };
   struct Plan {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     cublasLtMatmulAlgo_t algo{};
     bool found = false;  // false: cuBLASLt has no algorithm for the shape (the exact path runs)
   };
-  // The plan of a product (FP8 block-scaled or bf16; rows N, tokens T, depth K, y's row stride),
-  // made on first use and kept.
-  Plan& plan_for(bool fp8, int64_t N, int64_t T, int64_t K, int64_t ldd);
+  // The plan of a product (FP8 block-scaled, bf16 or TF32 operands; rows N, tokens T, depth K, y's
+  // row stride), made on first use and kept.
+  Plan& plan_for(Operands operands, int64_t N, int64_t T, int64_t K, int64_t ldd);
   // The K blocks per 128 weight rows in the fp32 scale copy: cuBLASLt reads them in fours.
   static int64_t scale_stride(const LinearView& W) { return (W.scale_cols + 3) / 4 * 4; }
   // W's 128×128 block scales as fp32 [W.out / 128][scale_stride(W)], cuBLASLt's type and layout:
   // converted once per weight on the device and kept.
   const float* weight_scales(const LinearView& W, cudaStream_t stream);
-  // cuBLASLt's product into y (fp32, ld y_stride), then y rounded to bf16.
-  void multiply(const GemmRequest& r, const Plan& p, const void* w, const void* x, cudaStream_t stream);
+  // cuBLASLt's product into y (fp32, the plan's ld), then, where r's compute rounds, y's first
+  // r.rows columns of r.T rows rounded to bf16.
+  void multiply(const GemmRequest& r, const Plan& p, const void* w, const void* x, float* y, cudaStream_t stream);
+  // run_unquantized's F32 weights: their TF32 parts' products, added.
+  void run_tf32_parts(const GemmRequest& r, StreamMemory& memory);
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
-  GrownBuffer bf16_operands_;  // run_bf16's dequantized weight rows and bf16 activations
-  std::map<std::tuple<bool, int64_t, int64_t, int64_t, int64_t>, Plan> plans_;
+  GrownBuffer operands_;  // run_unquantized's weights and activations in the product's type
+  std::map<std::tuple<Operands, int64_t, int64_t, int64_t, int64_t>, Plan> plans_;
   std::unordered_map<const void*, float*> scales_;  // device weight scales → their fp32 copy
 };
 

@@ -228,7 +228,8 @@ void CudaBackend::launch_hc_pre(const model::HcParams& p, const float* w, const 
                         int64_t(p.base.size()) >= mix_n,
                     "hc_pre: hc ", hc, ", fn rows ", mix_n, ", base ", p.base.size(), ", scale ", p.scale.size());
   DeviceArray<float> mix(memory_, size_t(T * mix_n));
-  linear(p.fn, Compute::f32, X, T, mix.get());  // x·fnᵀ first, then the rms scale (§3.2.1)
+  // x·fnᵀ first, then the rms scale (§3.2.1); the HC state holds bf16 values (§3.2.2)
+  linear(p.fn, Compute::f32_bf16_in, X, T, mix.get());
   const HcArgs a{device_floats(p.base), p.scale[0], p.scale[1], p.scale[2], int(hc), D, mix_n, sinkhorn_iters,
                  float(hc_eps), float(norm_eps), deepseek()};
   // At decode, slices of D for u while another block runs the Sinkhorn: as many as leave one block
@@ -257,7 +258,7 @@ void CudaBackend::hc_head(const model::HcParams& p, const float* X, int64_t T, i
   DSV4_CUDA_REQUIRE(hc <= kMaxHc && p.fn.out == hc && !p.scale.empty() && int64_t(p.base.size()) >= hc,
                     "hc_head: hc ", hc, ", fn rows ", p.fn.out);
   DeviceArray<float> mix(memory_, size_t(T * hc));
-  linear(p.fn, Compute::f32, X, T, mix.get());
+  linear(p.fn, Compute::f32_bf16_in, X, T, mix.get());
   const HcArgs a{device_floats(p.base), p.scale[0], 0.0f, 0.0f, int(hc), D, hc, 0, float(hc_eps), float(norm_eps),
                  deepseek()};
   launch(hc_head_kernel, unsigned(T), kTokenThreads, 0, stream_, a, X, mix.get(), y);

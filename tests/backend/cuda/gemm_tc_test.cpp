@@ -3,11 +3,12 @@
 // bf16: fp32 accumulation), so these are compared within bounds, not bit for bit: per element, one
 // bf16 rounding of the result plus a part of Σ|x·w| (what a truncated accumulator can lose; a wrong
 // scale or operand layout misses by the size of the result itself), and over the whole output a
-// relative error of bf16 size. The quantized FP8 products run on cuBLASLt, or on a Hopper on our
-// own kernel (gemm_fp8_tc.cu) where K is short or the token count one cuBLASLt cannot take; off a
-// Hopper such token counts stay on the exact kernels, bit for bit. Below the row threshold the
-// quantized FP8 products run on mma.sync (gemv_tc.cu), and the bf16 ones, and FP8 rows from a row0
-// that is no multiple of 16, stay exact.
+// relative error of bf16 size. The fp32 products of bf16 values (the compressors') run on the bf16
+// tensor cores too: their products are exact, so only the order of the fp32 sum differs. The
+// quantized FP8 products run on cuBLASLt, or on a Hopper on our own kernel (gemm_fp8_tc.cu) where K
+// is short or the token count one cuBLASLt cannot take; off a Hopper such token counts stay on the
+// exact kernels, bit for bit. Below the row threshold the quantized FP8 products run on mma.sync
+// (gemv_tc.cu), and the bf16 ones, and FP8 rows from a row0 that is no multiple of 16, stay exact.
 #include "backend/cuda/gemm_tc.h"
 #include "twin.h"
 
@@ -24,10 +25,10 @@ struct TcCase {
   int64_t row0 = 0, rows = 0;  // rows 0: all of them
 };
 
-// W with every weight's sign cleared (FP8: bit 7 of each code; BF16: bit 15 of each value).
+// W with every weight's sign cleared (FP8: bit 7 of each code; BF16: bit 15, F32: bit 31 of each value).
 std::unique_ptr<HostLinear> magnitude_of(const HostLinear& h) {
   auto m = std::make_unique<HostLinear>(h);
-  const size_t step = h.W.format == WeightFormat::bf16 ? 2 : 1;
+  const size_t step = h.W.format == WeightFormat::bf16 ? 2 : h.W.format == WeightFormat::f32 ? 4 : 1;
   for (size_t i = step - 1; i < m->data.size(); i += step) m->data[i] &= 0x7f;
   m->W.data = m->data.data(), m->W.scale = m->scale.data();
   return m;
@@ -48,8 +49,8 @@ std::vector<float> product(Backend& b, const model::Linear& W, Compute compute, 
 
 TEST(CudaTensorCores, ProductsWithinTheAccumulatorBound) {
   DSV4_REQUIRE_GPU();
-  const Compute q = Compute::quantized, bf16 = Compute::bf16;
-  const WeightFormat fp8 = WeightFormat::fp8;
+  const Compute q = Compute::quantized, bf16 = Compute::bf16, f32_bf16 = Compute::f32_bf16_in;
+  const WeightFormat fp8 = WeightFormat::fp8, wbf16 = WeightFormat::bf16, wf32 = WeightFormat::f32;
   // FP8 quantized: K = 256 has two K blocks, which cuBLASLt's scale copy pads to four; T = 77,
   // 78 are token counts that are not multiples of 4 (cuBLASLt has no algorithm for them), with all
   // rows and with rows from 128 on; T = 1030 (not a multiple of 4: our kernel on a Hopper) makes 144
@@ -61,15 +62,20 @@ TEST(CudaTensorCores, ProductsWithinTheAccumulatorBound) {
                           TcCase{fp8, q, 77, 512, 1024}, TcCase{fp8, q, 78, 512, 1024, 128, 256},
                           TcCase{fp8, q, 1030, 2048, 2048},
                           TcCase{fp8, bf16, 64, 256, 1024}, TcCase{fp8, bf16, 77, 384, 512, 64, 200},
-                          TcCase{WeightFormat::bf16, bf16, 96, 256, 640}, TcCase{WeightFormat::bf16, bf16, 33, 300, 256, 8, 96},
+                          TcCase{wbf16, bf16, 96, 256, 640}, TcCase{wbf16, bf16, 33, 300, 256, 8, 96},
+                          // a compressor's projection (K 4 096), and rows from a row0 no multiple of 8;
+                          // mHC's mix and its head's (F32 weights in TF32 parts)
+                          TcCase{wbf16, f32_bf16, 80, 1024, 4096}, TcCase{wbf16, f32_bf16, 40, 96, 512, 3, 88},
+                          TcCase{wf32, f32_bf16, 64, 24, 16384}, TcCase{wf32, f32_bf16, 40, 4, 16384},
                           // decode-sized (mma.sync): one token, a partial tile from row0 16, two
                           // token groups, the largest count below cuBLASLt's
                           TcCase{fp8, q, 1, 512, 1024}, TcCase{fp8, q, 5, 400, 2048, 16, 272}, TcCase{fp8, q, 9, 256, 512},
                           TcCase{fp8, q, 31, 128, 1024}}) {
     const int64_t rows = c.rows ? c.rows : c.out;
-    const std::string name = std::string("tc ") + model::to_string(c.format) + (c.compute == q ? "/quantized" : "/bf16") +
-                             " T" + std::to_string(c.T) + " " + std::to_string(c.out) + "x" + std::to_string(c.in) +
-                             " rows " + std::to_string(c.row0) + "+" + std::to_string(rows);
+    const std::string kind = c.compute == q ? "/quantized" : c.compute == bf16 ? "/bf16" : "/f32 of bf16";
+    const std::string name = std::string("tc ") + model::to_string(c.format) + kind + " T" + std::to_string(c.T) +
+                             " " + std::to_string(c.out) + "x" + std::to_string(c.in) + " rows " +
+                             std::to_string(c.row0) + "+" + std::to_string(rows);
     auto W = random_linear(name + ".w", c.format, c.out, c.in);
     const std::vector<float> x = random_bf16(name + ".x", size_t(c.T * c.in));
     std::vector<float> abs_x = x;
@@ -94,6 +100,19 @@ TEST(CudaTensorCores, ProductsWithinTheAccumulatorBound) {
                 (long long)differ, rel, worst);
     EXPECT_LE(worst, 1.0) << name;
     EXPECT_LE(rel, 1e-2) << name;
+    if (c.compute == f32_bf16) {
+      // Exact products summed in fp32 (F32 weights: three partial sums, then added): within fp32's
+      // accumulation bound (K + 2)·2^-24·Σ|x·w| of the exact sum, not rounded to bf16, and summed
+      // in another order than the CPU's somewhere.
+      int64_t unrounded = 0;
+      for (size_t i = 0; i < ref.size(); ++i) {
+        EXPECT_LE(std::abs(double(got[i]) - double(ref[i])), std::ldexp(double(c.in + 2) * double(mag[i]), -24))
+            << name << ": output " << i;
+        unrounded += got[i] != round_bf16(got[i]);
+      }
+      EXPECT_GT(unrounded, 0) << name << ": the output was rounded to bf16";
+      EXPECT_GT(differ, 0) << name << ": the product did not run on the tensor cores";
+    }
     // The exact kernels agree bit for bit: FP8 tile partials on the tensor cores differ somewhere.
     const bool few = c.T < cuda::TensorCoreGemm::kMinRows;  // mma.sync: FewRowsSumOnTheTensorCores
     cuda::GemmRequest request;  // the product's shape, as uses_tensor_core_fp8 reads it
