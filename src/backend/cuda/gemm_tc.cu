@@ -173,8 +173,8 @@ TensorCoreGemm::Plan& TensorCoreGemm::plan_for(Operands operands, int64_t N, int
   if (!p.found && untold > 0)
     std::fprintf(stderr, "deepseek-tc: cuBLASLt has no %s algorithm for %lld rows x %lld tokens x K %lld (%s); the "
                  "exact kernels run it%s\n", fp8 ? "FP8 block-scaled" : operands == Operands::bf16 ? "bf16" : "TF32",
-                 (long long)N, (long long)T,
-                 (long long)K, cublasLtGetStatusName(status), --untold ? "" : " (further shapes are not reported)");
+                 (long long)N, (long long)T, (long long)K, cublasLtGetStatusName(status),
+                 --untold ? "" : " (further shapes are not reported)");
   return p;
 }
 

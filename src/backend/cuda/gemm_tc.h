@@ -9,15 +9,15 @@
 //     accumulation, as the reference's bf16 GEMM: the weights dequantized into bf16 (exact for
 //     FP8 with E8M0 scales) in scratch for the product's duration, x in bf16 (its values are);
 //   - fp32 products of a bf16 input (Compute::f32_bf16_in: the compressors' and the head's of
-//     normed rows, mHC's of the HC state), whose products can be made exact: by
-//     BF16 weights on the bf16 tensor cores as above; F32 weights (mHC's fn) split into three
-//     TF32 parts, w = w₁ + w₂ + w₃ (11, 11 and 2 significant bits), on the TF32 tensor cores, x
-//     read in place (its bf16 values are TF32 ones), the three partial products then added. So
-//     only the order of the fp32 sum differs from the reference's fp32 GEMM.
+//     normed rows, mHC's of the HC state), whose products can be made exact: by BF16 weights on
+//     the bf16 tensor cores as above; by F32 weights (mHC's fn) split into three TF32 parts,
+//     w = w₁ + w₂ + w₃ (11, 11 and 2 significant bits), on the TF32 tensor cores, x read in place
+//     (its bf16 values are TF32 ones), the three partial products then added. So only the order
+//     of the fp32 sum differs from the reference's fp32 GEMM.
 // The quantized and bf16 products round their fp32 output to bf16, like every such product; the
-// fp32 ones keep it. On a Hopper (sm_90a) some quantized
-// FP8 products run on our own kernel instead (gemm_fp8_tc.cu, uses_tensor_core_fp8): those with
-// short K, where it measured faster, and token counts cuBLASLt cannot take.
+// fp32 ones keep it. On a Hopper (sm_90a) some quantized FP8 products run on our own kernel instead
+// (gemm_fp8_tc.cu, uses_tensor_core_fp8): those with short K, where it measured faster, and token
+// counts cuBLASLt cannot take.
 #pragma once
 
 #include <cublasLt.h>
@@ -45,14 +45,14 @@ class TensorCoreGemm {
   TensorCoreGemm(const TensorCoreGemm&) = delete;
   TensorCoreGemm& operator=(const TensorCoreGemm&) = delete;
 
-  // Whether r (quantized, bf16 or f32_bf16_in compute) can run on the tensor cores: one
-  // matrix (no expert table), one activation row per token row, at least kMinRows of them, y rows
-  // 16-byte aligned, and then for quantized compute uses_tensor_core_fp8(r) or, elsewhere, a
-  // cuBLASLt algorithm for the shape. Quantized on cuBLASLt: FP8 weights with 128×128 block scales, whole scale blocks
-  // from row0, K a multiple of 128, and a multiple of 4 token rows (cuBLASLt 13 has no
-  // block-scaled algorithm for others). bf16: FP8 or BF16 weights, K a multiple of 8;
-  // f32_bf16_in: BF16 weights, K a multiple of 8, or F32 weights, K a multiple of 4 and x rows
-  // of K floats.
+  // Whether r (quantized, bf16 or f32_bf16_in compute) can run on the tensor cores: one matrix
+  // (no expert table), one activation row per token row, at least kMinRows of them, y rows 16-byte
+  // aligned, and then for quantized compute uses_tensor_core_fp8(r) or, elsewhere, a cuBLASLt
+  // algorithm for the shape. Quantized on cuBLASLt: FP8 weights with 128×128 block scales, whole
+  // scale blocks from row0, K a multiple of 128, and a multiple of 4 token rows (cuBLASLt 13 has
+  // no block-scaled algorithm for others). bf16: FP8 or BF16 weights, K a multiple of 8;
+  // f32_bf16_in: BF16 weights, K a multiple of 8, or F32 weights, K a multiple of 4 and x rows of
+  // K floats from a 16-byte boundary.
   bool handles(const GemmRequest& r);
   // Quantized, on cuBLASLt: y[t, 0 : rows) = bf16(x_codes[t] · W[row0 : row0+rows]ᵀ), each K
   // tile's product scaled by x_scales[tile, t] (act_quant's per-K-block layout for this path) and
