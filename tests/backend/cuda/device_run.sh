@@ -12,6 +12,11 @@
 # the commit being run: the device tool's copy of the tree may carry stale git metadata (seen
 # 2026-11: it reported the session's first commit), and the records take it from there.
 #
+# PREBUILT=1: run the build/tests/test_cuda (and with BENCH, build/dsv4) carried from the machine
+# that built them (carry: ["build-debs", "build/tests/test_cuda", "build/dsv4"]; sm_90a, the CUDA 13
+# libraries, the fixtures by their compiled-in paths) instead of configuring and building here,
+# which took a fresh GPU machine 1.5–2 minutes of the session's device time. Not yet tried.
+#
 # DEBS_DIR holds Debian 12 .debs of the build dependencies (apt-get download libfmt-dev libfmt9
 # nlohmann-json3-dev libcli11-dev libgtest-dev libpcre2-dev libpcre2-8-0 libpcre2-16-0
 # libpcre2-32-0 libpcre2-posix3 pkgconf pkgconf-bin libpkgconf3, and for the server
@@ -26,10 +31,16 @@ out=${OUT:-/tmp}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 echo "nvcc: $(nvcc --version | tail -1); cmake: $(cmake --version | head -1); gcc: $(gcc -dumpfullversion)"
 source tests/backend/cuda/device_env.sh "$debs"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
-  -DDSV4_BENCH=OFF >"$out/configure.log" 2>&1 || { tail -40 "$out/configure.log"; exit 1; }
-cmake --build build -j"$(nproc)" --target test_cuda >"$out/build.log" 2>&1 || { grep -E "error|Error" "$out/build.log" | head -40; tail -20 "$out/build.log"; exit 1; }
-echo "built test_cuda; $(ctest --test-dir build -N -R "$regex" | tail -1)"
+prebuilt=${PREBUILT:-0}
+if [ "$prebuilt" = 1 ]; then
+  [ -x build/tests/test_cuda ] || { echo "PREBUILT=1: build/tests/test_cuda was not carried"; exit 1; }
+  echo "prebuilt test_cuda: $(build/tests/test_cuda --gtest_list_tests | grep -c '^  ') cases"
+else
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
+    -DDSV4_BENCH=OFF >"$out/configure.log" 2>&1 || { tail -40 "$out/configure.log"; exit 1; }
+  cmake --build build -j"$(nproc)" --target test_cuda >"$out/build.log" 2>&1 || { grep -E "error|Error" "$out/build.log" | head -40; tail -20 "$out/build.log"; exit 1; }
+  echo "built test_cuda; $(ctest --test-dir build -N -R "$regex" | tail -1)"
+fi
 # One process for all cases (ctest would start a CUDA context per test); every twin and e2e
 # comparison prints one line, kept in $out/test.log.
 timeout "${TEST_TIMEOUT:-400}" build/tests/test_cuda --gtest_filter="${GTEST_FILTER:-*Cuda*}" >"$out/test.log" 2>&1
@@ -59,7 +70,11 @@ if [ -n "${BENCH:-}" ] && { [ "$status" != 0 ] || grep -E '^\[ twin ' "$out/test
   echo "bench skipped: the twins did not all pass"
   [ "$status" = 0 ] && status=3
 elif [ -n "${BENCH:-}" ]; then
-  cmake --build build -j"$(nproc)" --target dsv4 >>"$out/build.log" 2>&1 || { tail -20 "$out/build.log"; exit 1; }
+  if [ "$prebuilt" = 1 ]; then
+    [ -x build/dsv4 ] || { echo "PREBUILT=1: build/dsv4 was not carried"; exit 1; }
+  else
+    cmake --build build -j"$(nproc)" --target dsv4 >>"$out/build.log" 2>&1 || { tail -20 "$out/build.log"; exit 1; }
+  fi
   IFS=';' read -ra runs <<<"$BENCH"
   for args in "${runs[@]}"; do
     echo "dsv4 bench $args"
