@@ -61,13 +61,14 @@ static_assert(kSortAllKeys <= kMaxTopK, "the keys sorted whole fit the sort buff
 constexpr int64_t kScoreScratchBytes = int64_t(1) << 28;  // a chunk's scores (256 MiB)
 constexpr int kMaxKeyDim = 256;                        // a key's dims in registers: 8 per lane
 
-// A score as stored (S: Bf16Bits in deepseek numerics, float in plain; see the top) and its value.
+// A score as stored (S: Bf16Bits in deepseek numerics, whose score is x rounded to bf16; float in
+// plain; see the top) and its value.
 template <class S>
-__device__ inline S stored_score(float rounded) {
+__device__ inline S stored_score(float x) {
   if constexpr (std::is_same_v<S, Bf16Bits>)
-    return f32_to_bf16(rounded);
+    return f32_to_bf16(x);
   else
-    return rounded;
+    return x;
 }
 __device__ inline float score_value(float s) { return s; }
 __device__ inline float score_value(Bf16Bits s) { return bf16_to_f32(s); }
@@ -97,7 +98,7 @@ __global__ void indexer_scores_kernel(const float* q, const float* wts, int64_t 
     const float d = round_if(bf16, float(warp_sum(dot)));
     acc += double(round_if(bf16, fmaxf(d, 0.0f) * wts[t * heads + h]));
   }
-  if (lane == 0) score[t * n_keys + w] = stored_score<S>(round_if(bf16, float(acc)));
+  if (lane == 0) score[t * n_keys + w] = stored_score<S>(float(acc));
 }
 
 // Larger key = higher score, then lower row. −0 is folded into +0: they compare equal on the CPU.
@@ -220,13 +221,13 @@ __device__ int gather_top(const Keys& keys, int64_t n_real, int64_t k, uint64_t*
     int64_t remaining = k;
     const uint64_t first = keys.first();
     uint32_t* first_counts = reinterpret_cast<uint32_t*>(sel);
-    for (int shift = 64 - kFirstDigitBits, bits = kFirstDigitBits;; bits = min(shift, 8), shift -= bits) {
+    // The digits' widths: kFirstDigitBits, then 8 while 8 bits are left, then the rest (none after bit 0).
+    for (int shift = 64 - kFirstDigitBits, bits = kFirstDigitBits; bits > 0; bits = min(shift, 8), shift -= bits) {
       const bool first_digit = bits == kFirstDigitBits;
       const uint64_t digit_mask = ((uint64_t(1) << bits) - 1) << shift;
       if (!first_digit && (varying & digit_mask) == 0) {  // every key has this digit: the keys in play keep it
         prefix |= first & digit_mask;
         mask |= digit_mask;
-        if (shift == 0) break;
         continue;
       }
       uint32_t* counts = first_digit ? first_counts : hist;
@@ -291,7 +292,6 @@ __device__ int gather_top(const Keys& keys, int64_t n_real, int64_t k, uint64_t*
         n_cand = n_cand_s;
         n_above = n_above_s;
       }
-      if (shift == 0) break;
     }
     threshold = prefix;  // ≥ 1: the k-th largest key is real, and so is every key with its prefix
   }
