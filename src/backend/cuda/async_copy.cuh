@@ -11,17 +11,21 @@
 
 namespace dsv4::cuda {
 
-// 16 bytes from src (global) to dst (shared); zeros when !valid, and src, which must still be an
-// address, is then not read.
-__device__ __forceinline__ void copy_async_16(void* dst, const void* src, bool valid) {
-  const uint32_t to = shared_address(dst);
+// 16 bytes from src (global) to shared memory at `to` (shared_address); zeros when !valid, and src,
+// which must still be an address, is then not read.
+__device__ __forceinline__ void copy_async_16(uint32_t to, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(to), "l"(src), "r"(valid ? 16 : 0) : "memory");
 }
+__device__ __forceinline__ void copy_async_16(void* dst, const void* src, bool valid) {
+  copy_async_16(shared_address(dst), src, valid);
+}
 
-// 4 bytes from src (global) to dst (shared), both 4-byte aligned; a zero when !valid, as above.
-__device__ __forceinline__ void copy_async_4(void* dst, const void* src, bool valid) {
-  const uint32_t to = shared_address(dst);
+// 4 bytes from src (global) to shared memory, both 4-byte aligned; a zero when !valid, as above.
+__device__ __forceinline__ void copy_async_4(uint32_t to, const void* src, bool valid) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(to), "l"(src), "r"(valid ? 4 : 0) : "memory");
+}
+__device__ __forceinline__ void copy_async_4(void* dst, const void* src, bool valid) {
+  copy_async_4(shared_address(dst), src, valid);
 }
 
 // Closes the thread's copies issued since the last commit into one group.

@@ -1,18 +1,19 @@
 // deepseek-tc's routed FP4 experts on the FP8 tensor cores (gemm_experts_tc.h), Hopper's wgmma.
 //
-// The rows are grouped by expert (row_grouping.cuh, tiles of 128) and each block takes 128 token
-// rows of one expert against 128 of its weight rows, so an expert's weights are read once per 128
-// tokens, as stored (FP4 nibbles and their E8M0 1×32 scales). The activations are act_quant's e4m3
-// codes (QuantizedForm::fragment_codes) with their 1×128 scales. The weights become e5m2, exact: an
-// e2m1 value times 2^t is an e5m2 value for every t in [−13, 13] (e5m2 spans 2^-14 … 57 344 with
-// normals, and e2m1 has one mantissa bit to e5m2's two). So each weight row takes one common
-// exponent R (its largest 1×32 scale over K, less 13) and each of its 32-blocks becomes e2m1 · 2^t
-// with t = its scale − R; a block more than 2^26 below the row's largest is dropped (its products
-// are below 2^-26 of the row's others: the approximation this numerics allows). The tensor cores
-// then multiply e5m2 by e4m3 exactly and accumulate over one 128-block of K (four wgmma k32 steps,
-// in their own reduced-precision fp32), and the partial is scaled by the token's activation scale
-// and added to an fp32 accumulator on the CUDA cores, one 128-block at a time (the official
-// kernels' promotion, architecture.md §5); the result times 2^R is rounded to bf16.
+// The rows are grouped by expert (row_grouping.cuh, tiles of 256) and each block takes up to 256
+// token rows of one expert against 128 of its weight rows, so an expert's weights are read, and made
+// e5m2, once per 256 tokens, as stored (FP4 nibbles and their E8M0 1×32 scales). The activations
+// are act_quant's e4m3 codes (QuantizedForm::fragment_codes) with their 1×128 scales. The weights
+// become e5m2, exact: an e2m1 value times 2^t is an e5m2 value for every t in [−13, 13] (e5m2 spans
+// 2^-14 … 57 344 with normals, and e2m1 has one mantissa bit to e5m2's two). So each weight row
+// takes one common exponent R (its largest 1×32 scale over K, less 13) and each of its 32-blocks
+// becomes e2m1 · 2^t with t = its scale − R; a block more than 2^26 below the row's largest is
+// dropped (its products are below 2^-26 of the row's others: the approximation this numerics
+// allows). The tensor cores then multiply e5m2 by e4m3 exactly and accumulate over one 128-block of
+// K (four wgmma k32 steps, in their own reduced-precision fp32), and the partial is scaled by the
+// token's activation scale and added to an fp32 accumulator on the CUDA cores, one 128-block at a
+// time (the official kernels' promotion, architecture.md §5); the result times 2^R is rounded to
+// bf16.
 //
 // The weights are wgmma's A operand, from registers: each consumer thread loads its raw nibbles
 // from shared memory (ldmatrix: 8 consecutive codes of a 32-block per register) and turns them into
@@ -22,17 +23,21 @@
 // each 32-block's groups of 4 reordered to match (group g at place 4 (g % 2) + g / 2), and the sum
 // over K does not depend on its order. The tokens are the B operand, from shared memory.
 //
+// Why 256 tokens: a consumer's instructions, not the data, set the pace (bench/cuda_decode.md,
+// twenty-sixth session: ≈ 110 a K block to make the fragments, ≈ 72 to promote 128 tokens), so the
+// fragments now serve twice the tokens. The tokens go through the tensor cores a quarter (64) at a
+// time, into two partials in turn: while one quarter's products run, the one before is promoted,
+// so a warpgroup keeps the tensor cores busy on its own, and a tile's empty quarters cost nothing
+// (at an 8K prompt a tile of 128 was 60% filled). Registers bound the tile: 128 accumulators, two
+// partials of 32 and 16 fragment registers a consumer thread.
+//
 // The work is split by warpgroup, meeting only at barriers in shared memory (one per stage that
-// fills, one that empties). The tile's activation scales and weight scales reach shared memory
-// once, at its start. The producer (warpgroup 0) copies each K block's activations (16 KB, 128-byte
-// rows swizzled as wgmma reads them) and raw weight bytes (8 KB) kStages − 1 blocks ahead
-// (cp.async, a warp's copies whole rows). The two consumers (warpgroups 1 and 2, 64
-// weight rows each) convert their next block's weights while the tensor cores multiply this one,
-// then promote; while one promotes, the other's products run. The registers are moved to the
-// consumers (setmaxnreg), which hold two accumulators and two blocks' weight fragments.
-// The prologue (the tile's rows, then its scales) holds a fifth of the warps' stall samples at an
-// 8K prompt (ncu), but loading the scales in one round of loads, and issuing the first blocks'
-// activation copies before them, measured slower (bench/cuda_decode.md, twenty-sixth session).
+// fills, one that empties). The tile's weight scales reach shared memory once, at its start. The
+// producer (warpgroup 0) copies each K block's activations (32 KB, 128-byte rows swizzled as wgmma
+// reads them), their scales and the raw weight bytes (8 KB) kStages − 1 blocks ahead (cp.async, a
+// warp's copies whole rows); it skips the rows past the tile's, whose products are never stored.
+// The two consumers (warpgroups 1 and 2, 64 weight rows each) multiply and promote, then make the
+// next block's fragments. The registers are moved to the consumers (setmaxnreg).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -50,26 +55,32 @@ namespace dsv4::cuda {
 
 namespace {
 
-constexpr int kBM = 128, kBN = 128, kBK = 128, kStages = 6;  // token rows, weight rows, K per block
+constexpr int kBM = 256, kBN = 128, kBK = 128, kStages = 4;  // token rows, weight rows, K per block
+constexpr int kQuarter = 64, kQuarters = kBM / kQuarter;     // token rows per product
 constexpr int kProducers = 128, kConsumers = 256, kThreads = kProducers + kConsumers;
 // Registers per thread of each role once the roles split (setmaxnreg): together what the block is
 // given at launch, 168 a thread (__launch_bounds__ with one block per SM).
-constexpr int kProducerRegisters = 88, kConsumerRegisters = 208;
-static_assert(kThreads - 2 * kBN == kBM, "the threads past the weight scales' take one token row each");
+constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
 static_assert(kProducers * kProducerRegisters + kConsumers * kConsumerRegisters == kThreads * 168, "the block's registers");
+static_assert(2 * kProducers == kBM, "a producer thread copies two token rows' scales");
 constexpr int kTopShift = 13;  // 6 · 2^13 is below e5m2's largest, 57 344; 0.5 · 2^-13 its smallest normal
-constexpr int kXBytes = kBM * kBK, kRawBytes = kBN * kBK / 2;
+// A stage: the activations, the raw weights, the tokens' scales (block_scales<kQuarter> per quarter).
+constexpr int kXBytes = kBM * kBK, kRawBytes = kBN * kBK / 2, kQuarterScales = block_scales<kQuarter>;
+constexpr int kScaleBytes = kQuarters * kQuarterScales * 4;
 // Bytes per weight row of the scale table (its E8M0 bytes, then their shift entries): one word per
 // K block (zeros past K), and a word more so that the rows a warp reads at once lie on different
 // banks.
 __host__ __device__ constexpr int64_t scale_stride(int64_t K) { return 4 * ((K + kBK - 1) / kBK) + 4; }
-// Shared memory from a 1024-byte boundary (the swizzle's period): the stages' activations and raw
-// weights, per weight row its 2^R, then the tile's activation scales ([K/128][kBlockScales]) and
-// the weights' scale table.
-constexpr size_t kXOff = 0, kRawOff = kXOff + size_t(kStages) * kXBytes, kRowScaleOff = kRawOff + size_t(kStages) * kRawBytes,
-                 kSxOff = kRowScaleOff + kBN * 4;
-__host__ __device__ inline size_t scales_offset(int64_t K) { return kSxOff + size_t((K + kBK - 1) / kBK) * kBlockScales * 4; }
-size_t smem_bytes(int64_t K) { return kSwizzlePeriod + scales_offset(K) + size_t(kBN * scale_stride(K)); }
+// Shared memory from a 1024-byte boundary (the swizzle's period): the stages' activations, raw
+// weights and token scales, per weight row its 2^R, then the weights' scale table.
+constexpr size_t kXOff = 0, kRawOff = kXOff + size_t(kStages) * kXBytes, kSxOff = kRawOff + size_t(kStages) * kRawBytes,
+                 kRowScaleOff = kSxOff + size_t(kStages) * kScaleBytes, kTableOff = kRowScaleOff + kBN * 4;
+size_t smem_bytes(int64_t K) { return kSwizzlePeriod + kTableOff + size_t(kBN * scale_stride(K)); }
+// Where token row t's offset in x sits in the producer's table: row t = g + 16i (g < 16) is copy i of
+// the producer threads 8g … 8g + 7, which read their 16 rows' offsets as four 16-byte loads.
+__host__ __device__ constexpr int x_offset(int t) { return t % 16 * (kBM / 16) + t / 16; }
+// The dynamic shared memory a block may ask for: 227 KB less the kernel's own arrays (≈ 9 KB).
+constexpr size_t kSmemLimit = 217 * 1024;
 
 // Where chunk c of raw weight row r sits in its 64 bytes: the 8 rows one ldmatrix matrix reads
 // land on distinct banks.
@@ -113,19 +124,18 @@ __device__ __forceinline__ uint2 e2m1x8_e5m2(uint32_t w, uint2 table) {
 }
 
 #ifdef DSV4_WGMMA
-// d (+)= A · Bᵀ over 32 of K: A 64 rows of e5m2 in registers (a: this thread's fragment), B 128
+// d (+)= A · Bᵀ over 32 of K: A 64 rows of e5m2 in registers (a: this thread's fragment), B 64
 // rows of e4m3 in shared memory; d = A · Bᵀ when !accumulate.
 template <bool kAccumulate>
-__device__ __forceinline__ void wgmma_k32(float (&d)[64], const uint32_t* a, uint64_t b) {
+__device__ __forceinline__ void wgmma_k32(float (&d)[32], const uint32_t* a, uint64_t b) {
 #define DSV4_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e5m2.e4m3 "
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e5m2.e4m3 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
-      "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "
-      "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "{%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
-      : DSV4_D8(0), DSV4_D8(8), DSV4_D8(16), DSV4_D8(24), DSV4_D8(32), DSV4_D8(40), DSV4_D8(48), DSV4_D8(56)
+      "%23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
+      : DSV4_D8(0), DSV4_D8(8), DSV4_D8(16), DSV4_D8(24)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(kAccumulate ? 1 : 0));
 #undef DSV4_D8
 }
@@ -140,17 +150,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ unsigned char smem_base[];
   unsigned char* smem = at_swizzle_period(smem_base);
   float* row_scale = reinterpret_cast<float*>(smem + kRowScaleOff);  // [kBN]: 2^R of each weight row
-  float* sx_s = reinterpret_cast<float*>(smem + kSxOff);             // [K/128][kBlockScales]
-  const int64_t K = p.W.in;
-  uint8_t* scales = smem + scales_offset(K);  // [kBN][scale_stride]: E8M0 bytes
+  uint8_t* scales = smem + kTableOff;                                 // [kBN][scale_stride]: E8M0 bytes
   __shared__ int64_t src_of[kBM], out_of[kBM];
+  __shared__ __align__(16) int32_t x_offsets[kBM];  // where each token row's codes start in x
+  __shared__ int32_t sx_offsets[kBM];                // and its scales in sx
   __shared__ int row_top[2][kBN];  // each half's largest scale byte
   __shared__ uint64_t filled[kStages], emptied[kStages];
   LinearView W;
   if (!tile_rows<kBM>(p, g, kBN, src_of, out_of, W)) return;
-  const int64_t n0 = int64_t(blockIdx.x) * kBN;
-  const int n_kb = int((K + kBK - 1) / kBK), n_sub = int(K / 32), stride = int(scale_stride(K));
   const int tid = threadIdx.x, lane = tid % 32;
+  const int n_rows = __syncthreads_count(tid < kBM && out_of[tid] >= 0);  // the tile's rows come first
+  const int64_t n0 = int64_t(blockIdx.x) * kBN, K = p.W.in;
+  const int n_kb = int((K + kBK - 1) / kBK), n_sub = int(K / 32), stride = int(scale_stride(K));
 
   // Thread (row tid % kBN, half tid / kBN), below 2 kBN, copies the words of every other K block of
   // the row's scale bytes (zeros past K) into the table and keeps their largest byte; R is the
@@ -179,18 +190,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (w0 + 2 * i < n_kb) table[w0 + 2 * i] = v[i], top = __vmaxu4(top, v[i]);
     }
     row_top[half][r] = int(largest_byte(top));
-  } else {  // the rest, one per token row: its activation scales of every K block (zeros for none)
-    const int t = tid - 2 * kBN;
-    const int64_t src = src_of[t];
-    const float* from = sx + (src >= 0 ? src : 0) * n_kb;
-    constexpr int kBatch = 8;
-    for (int kb0 = 0; kb0 < n_kb; kb0 += kBatch) {
-      float v[kBatch];
-#pragma unroll
-      for (int i = 0; i < kBatch; ++i) v[i] = src >= 0 && kb0 + i < n_kb ? from[kb0 + i] : 0.0f;
-#pragma unroll
-      for (int i = 0; i < kBatch; ++i)
-        if (kb0 + i < n_kb) sx_s[(kb0 + i) * kBlockScales + scale_place(t)] = v[i];
+  } else {  // the rest: each token row's offsets in x and sx for the producer (32 bits: fits_tensor_core_experts),
+            // x's in the order each producer thread reads them (see x_offset)
+    for (int t = tid - 2 * kBN; t < kBM; t += kThreads - 2 * kBN) {
+      const int32_t src = t < n_rows ? int32_t(src_of[t]) : 0;
+      x_offsets[x_offset(t)] = src * int32_t(K), sx_offsets[t] = src * n_kb;
     }
   }
   if (tid == 0)
@@ -212,42 +216,58 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (tid < kProducers) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegisters));
-    // Producer thread tid: chunk tid % 8 of activation rows tid / 8 + 16i, and chunk tid % 4 of
-    // weight rows tid / 4 + 32i (so a warp reads whole 128- and 64-byte rows).
+    // Producer thread tid: chunk tid % 8 of activation rows tid / 8 + 16i, the scales of token rows
+    // tid and tid + 128, and chunk tid % 4 of weight rows tid / 4 + 32i (so a warp reads whole 128-
+    // and 64-byte rows). The rows past the tile's are zeros, read from nowhere (their products are
+    // never stored), and so are the chunks past K (the weights' are zeros too, but x's could be NaN).
+    // Row tid / 8 + 16i's chunk lands 2 048 i bytes after row tid / 8's, and weight row tid / 4 + 32i's
+    // 2 048 i after row tid / 4's (both keep their row's swizzle). Each batch of copies follows its
+    // shared-memory loads (ptxas separates a load from a copy after it by three idle slots).
     const int chunk = tid % 8, w_chunk = tid % 4;
     constexpr int kRawCopies = kBN * 4 / kProducers;  // 16-byte weight chunks per thread and block
-    // Byte offsets (32 bits: fits_tensor_core_experts) of the rows' chunks in W and in x, −1 for
-    // none, read from shared memory once, not per block.
-    int32_t w_at[kRawCopies];
+    int32_t w_at[kRawCopies];                         // the weight rows' chunks in W, −1 for none
 #pragma unroll
     for (int i = 0; i < kRawCopies; ++i) {
       const int64_t n = n0 + tid / 4 + (kProducers / 4) * i;
       w_at[i] = n < p.rows ? int32_t((p.row0 + n) * (K / 2) + 16 * w_chunk) : -1;
     }
-    constexpr int kCopies = kBM * 8 / kProducers;  // 16-byte activation chunks per thread and block
-    int32_t x_at[kCopies];
+    const uint32_t x_to = shared_address(smem + kXOff) + swizzled(tid / 8, chunk);
+    const uint32_t raw_to = shared_address(smem + kRawOff) + raw_chunk(tid / 4, w_chunk);
+    uint32_t sx_to[2];
 #pragma unroll
-    for (int i = 0; i < kCopies; ++i) {
-      const int64_t src = src_of[tid / 8 + (kProducers / 8) * i];
-      x_at[i] = src >= 0 ? int32_t(src * K + 16 * chunk) : -1;
+    for (int j = 0; j < 2; ++j) {
+      const int row = tid + kProducers * j;
+      sx_to[j] = shared_address(smem + kSxOff) + 4 * (row / kQuarter * kQuarterScales + scale_place<kQuarter>(row % kQuarter));
     }
+    const int4* my_x_offsets = reinterpret_cast<const int4*>(x_offsets + x_offset(tid / 8));
+    const int32_t K32 = int32_t(K), rows_left = n_rows - tid / 8;  // row tid / 8 + 16i is the tile's if 16i < rows_left
     auto issue = [&](int kb) {
       const int slot = kb % kStages;
       const int32_t k0 = kb * kBK;
-      unsigned char* X = smem + kXOff + slot * kXBytes;
-      const bool chunk_in = k0 + 16 * chunk < K;
+      const bool chunk_in = k0 + 16 * chunk < K32;
+      const uint8_t* x_k = x + (k0 + 16 * chunk);
 #pragma unroll
-      for (int i = 0; i < kCopies; ++i) {
-        const bool ok = x_at[i] >= 0 && chunk_in;
-        copy_async_16(X + swizzled(tid / 8 + (kProducers / 8) * i, chunk), x + (ok ? x_at[i] + k0 : 0), ok);
+      for (int i4 = 0; i4 < kBM / 16 / 4; ++i4) {
+        const int4 o = my_x_offsets[i4];
+        const int32_t at[4] = {o.x, o.y, o.z, o.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = 4 * i4 + e;
+          copy_async_16(x_to + slot * kXBytes + 2048 * i, x_k + uint32_t(at[e]), chunk_in && 16 * i < rows_left);
+        }
       }
-      unsigned char* raw = smem + kRawOff + slot * kRawBytes;
-      const bool w_chunk_in = k0 + 32 * w_chunk < K;
+      const int32_t sx_at[2] = {sx_offsets[tid], sx_offsets[tid + kProducers]};
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+        copy_async_4(sx_to[j] + slot * kScaleBytes, sx + (uint32_t(sx_at[j]) + kb), tid + kProducers * j < n_rows);
+      const bool w_chunk_in = k0 + 32 * w_chunk < K32;
+      uint32_t entry[kRawCopies];
+#pragma unroll
+      for (int i = 0; i < kRawCopies; ++i) entry[i] = scales[(tid / 4 + (kProducers / 4) * i) * stride + 4 * kb + w_chunk];
 #pragma unroll
       for (int i = 0; i < kRawCopies; ++i) {
-        const int row = tid / 4 + (kProducers / 4) * i;
-        const bool ok = w_at[i] >= 0 && w_chunk_in && scales[row * stride + 4 * kb + w_chunk] != kDropped;
-        copy_async_16(raw + raw_chunk(row, w_chunk), W.data + (ok ? w_at[i] + k0 / 2 : 0), ok);
+        const bool ok = w_at[i] >= 0 && w_chunk_in && entry[i] != kDropped;
+        copy_async_16(raw_to + slot * kRawBytes + 2048 * i, W.data + (ok ? w_at[i] + k0 / 2 : 0), ok);
       }
     };
     produce_ring<kStages>(n_kb, filled, emptied, issue);
@@ -280,40 +300,61 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     segment.operator()<0>(), segment.operator()<1>(), segment.operator()<2>(), segment.operator()<3>();
   };
-  float acc[64] = {}, part[64];
-  // One K block: its products (fragments `now`), the next block's fragments made meanwhile, then
-  // the promotion by each token's scale.
-  auto step = [&](int kb, const uint32_t (&now)[16], uint32_t (&next)[16]) {
-    const int slot = kb % kStages;
-    const uint64_t b = tile_descriptor(smem + kXOff + slot * kXBytes);
-    wgmma_begin();
-    wgmma_k32<false>(part, &now[0], b);
+  // The products of quarter q go to partial q % 2 (a, b). kQ: the quarters that hold rows, fixed
+  // per tile, so no product is in a branch (ptxas would serialise them).
+  auto run = [&]<int kQ>() {
+    float acc[kQ][32] = {}, a[32], b[32];
+    uint32_t f[16];
+    const auto same = [](float s) { return s; };
+    barrier_wait(&filled[0], 0);
+    fragments(0, f);
+    for (int kb = 0; kb < n_kb; ++kb) {
+      const int slot = kb % kStages;
+      const unsigned char* X = smem + kXOff + slot * kXBytes;
+      const float* token_scales = reinterpret_cast<const float*>(smem + kSxOff + slot * kScaleBytes);
+      auto product = [&](float (&d)[32], int q) {  // quarter q's products of this block, one group
+        const uint64_t tokens = tile_descriptor(X + q * kQuarter * kBK);
+        wgmma_k32<false>(d, &f[0], tokens);
 #pragma unroll
-    for (int q = 1; q < kBK / 32; ++q) wgmma_k32<true>(part, &now[4 * q], b + 2 * q);  // 32 bytes on, in 16s
-    wgmma_commit();
-    if (kb + 1 < n_kb) {
-      barrier_wait(&filled[(kb + 1) % kStages], ((kb + 1) / kStages) & 1);
-      fragments(kb + 1, next);
+        for (int s = 1; s < kBK / 32; ++s) wgmma_k32<true>(d, &f[4 * s], tokens + 2 * s);  // 32 bytes on, in 16s
+        wgmma_commit();
+      };
+      // Quarter q's partial is promoted once its group is done, with the next quarter's in flight.
+      auto promote_quarter = [&](const float (&d)[32], int q) {
+        promote(acc[q], d, token_scales + q * kQuarterScales, lc, same);
+      };
+      wgmma_begin();
+      product(a, 0);
+      if constexpr (kQ > 1) product(b, 1);
+      wgmma_wait<(kQ > 1 ? 1 : 0)>(a);
+      promote_quarter(a, 0);
+      if constexpr (kQ > 2) wgmma_begin(), product(a, 2);
+      if constexpr (kQ > 1) wgmma_wait<(kQ > 2 ? 1 : 0)>(b), promote_quarter(b, 1);
+      if constexpr (kQ > 3) wgmma_begin(), product(b, 3);
+      if constexpr (kQ > 2) wgmma_wait<(kQ > 3 ? 1 : 0)>(a), promote_quarter(a, 2);
+      if constexpr (kQ > 3) wgmma_wait<0>(b), promote_quarter(b, 3);
+      __syncwarp();
+      if (lane == 0) barrier_arrive(&emptied[slot]);  // the warp is done with the stage
+      if (kb + 1 < n_kb) {  // every product is done: the fragments can be the next block's
+        barrier_wait(&filled[(kb + 1) % kStages], ((kb + 1) / kStages) & 1);
+        fragments(kb + 1, f);
+      }
     }
-    wgmma_finish(part);
-    float s[32];
-    load_token_scales(s, sx_s + kb * kBlockScales, lc);
-    __syncwarp();
-    if (lane == 0) barrier_arrive(&emptied[slot]);  // the warp is done with the stage
-    promote(acc, part, s);
-  };
-  uint32_t fa[16], fb[16];
-  barrier_wait(&filled[0], 0);
-  fragments(0, fa);
-  for (int kb = 0; kb < n_kb; kb += 2) {
-    step(kb, fa, fb);
-    if (kb + 1 < n_kb) step(kb + 1, fb, fa);
-  }
 #pragma unroll
-  for (int i = 0; i < 64; ++i) {
-    const int row = wrow + lr + (i % 4 >= 2 ? 8 : 0), token = 8 * (i / 4) + 2 * lc + i % 2;
-    const int64_t m = out_of[token];
-    if (m >= 0 && n0 + row < p.rows) p.y[m * p.y_stride + n0 + row] = round_bf16(acc[i] * row_scale[row]);
+    for (int q = 0; q < kQ; ++q)
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const int row = wrow + lr + (i % 4 >= 2 ? 8 : 0), token = kQuarter * q + 8 * (i / 4) + 2 * lc + i % 2;
+        const int64_t m = out_of[token];
+        if (m >= 0 && n0 + row < p.rows) p.y[m * p.y_stride + n0 + row] = round_bf16(acc[q][i] * row_scale[row]);
+      }
+  };
+  static_assert(kQuarters == 4, "one case per quarter count");
+  switch ((n_rows + kQuarter - 1) / kQuarter) {
+    case 1: run.operator()<1>(); break;
+    case 2: run.operator()<2>(); break;
+    case 3: run.operator()<3>(); break;
+    default: run.operator()<4>(); break;
   }
 #endif
 }
@@ -324,7 +365,7 @@ bool fits_tensor_core_experts(const GemmRequest& r) {
   const int64_t x_bytes = r.source_rows() * r.W.in, w_bytes = (r.row0 + r.rows) * r.W.in / 2;
   return r.table && r.W.format == kFp4 && !r.W.scale_is_f32 && r.W.in % 32 == 0 &&
          std::max(x_bytes, w_bytes) <= INT32_MAX &&  // the copies' 32-bit offsets
-         smem_bytes(r.W.in) <= 227 * 1024 && device_has_wgmma();
+         smem_bytes(r.W.in) <= kSmemLimit && device_has_wgmma();
 }
 
 void CudaBackend::tensor_core_experts(const GemmRequest& r, const uint8_t* x, const float* sx, int32_t* scratch) {

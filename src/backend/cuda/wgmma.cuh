@@ -42,29 +42,36 @@ __device__ __forceinline__ unsigned char* at_swizzle_period(unsigned char* smem)
 // reads it: the chunks of each row permuted by the row's index mod 8.
 __device__ __forceinline__ int swizzled(int r, int c) { return r * 128 + 16 * (c ^ (r & 7)); }
 
-// The promotion of an m64n128 product whose N are 128 token rows (the FP8 products of
-// gemm_experts_tc.cu and gemm_fp8_tc.cu): a thread's part[4j + e] is its weight row lr (+ 8 for
+// The promotion of an m64nN product whose N are token rows (the FP8 products of gemm_experts_tc.cu,
+// N = 64, and gemm_fp8_tc.cu, N = 128): a thread's part[4j + e] is its weight row lr (+ 8 for
 // e ≥ 2) against token 8j + 2 lc + e % 2 (lr = lane / 4, lc = lane % 4), and one 128-block of K's
-// partial is added to acc times its token's scale. A K block's 128 token scales sit in shared memory
-// at scale_place(token), so lane lc reads its 32 in 8 float4 loads: tokens 8j + 2c + e at
-// c · kScaleGroup + 2j + e (the groups padded so the four c lie on different banks).
-constexpr int kScaleGroup = 36, kBlockScales = 4 * kScaleGroup;
-__host__ __device__ constexpr int scale_place(int token) { return token % 8 / 2 * kScaleGroup + 2 * (token / 8) + token % 2; }
-
-// s[2j + e]: the scale of token 8j + 2 lc + e, from a K block's kBlockScales.
-__device__ __forceinline__ void load_token_scales(float (&s)[32], const float* block_scales, int lc) {
-  const float4* from = reinterpret_cast<const float4*>(block_scales + lc * kScaleGroup);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const float4 v = from[i];
-    s[4 * i] = v.x, s[4 * i + 1] = v.y, s[4 * i + 2] = v.z, s[4 * i + 3] = v.w;
-  }
+// partial is added to acc times its token's scale. A K block's N token scales sit in shared memory
+// at scale_place<N>(token) of block_scales<N> floats, so lane lc reads its N / 4 as float4 loads:
+// tokens 8j + 2c + e at c · scale_group<N> + 2j + e (the groups padded so the four c lie on
+// different banks).
+template <int kN>
+constexpr int scale_group = kN / 4 + 4;
+template <int kN>
+constexpr int block_scales = 4 * scale_group<kN>;
+template <int kN>
+__host__ __device__ constexpr int scale_place(int token) {
+  return token % 8 / 2 * scale_group<kN> + 2 * (token / 8) + token % 2;
 }
 
-// acc += s(token) · part, element by element (s from load_token_scales).
-__device__ __forceinline__ void promote(float (&acc)[64], const float (&part)[64], const float (&s)[32]) {
+// acc += scale(s(token)) · part, element by element, s from a K block's scales as laid out above
+// (read four at a time, so few registers hold them). scale(s) multiplies in any factor common to
+// the block (a power of two: the order of the products does not matter).
+template <int kP, class Scale>
+__device__ __forceinline__ void promote(float (&acc)[kP], const float (&part)[kP], const float* scales, int lc,
+                                        Scale scale) {
+  const float4* from = reinterpret_cast<const float4*>(scales + lc * scale_group<2 * kP>);
 #pragma unroll
-  for (int i = 0; i < 64; ++i) acc[i] = fmaf(s[2 * (i / 4) + i % 2], part[i], acc[i]);
+  for (int i = 0; i < kP / 8; ++i) {  // float4 i: tokens of j = 2i and 2i + 1, e % 2 = 0 and 1
+    const float4 v = from[i];
+    const float s[4] = {scale(v.x), scale(v.y), scale(v.z), scale(v.w)};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[8 * i + e] = fmaf(s[2 * (e / 4) + e % 2], part[8 * i + e], acc[8 * i + e]);
+  }
 }
 
 #ifdef DSV4_WGMMA
@@ -87,21 +94,26 @@ __device__ __forceinline__ uint64_t n_major_descriptor(const void* tile, uint32_
 }
 
 // The products' register hand-over: before a wgmma, every earlier access of its accumulators is
-// done; the issued products are committed as one group; after waiting for it, reads of the
-// accumulators come after the wait (the empty asm ties each register to it).
+// done; the issued products are committed as one group; after waiting until at most kPending later
+// groups are in flight, reads of an earlier group's accumulators come after the wait (the empty asm
+// ties each register to it). wgmma_finish waits for every group.
 __device__ __forceinline__ void wgmma_begin() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_finish(float (&d)[N]) {
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+template <int kPending, int N>
+__device__ __forceinline__ void wgmma_wait(float (&d)[N]) {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
-template <int N>
-__device__ __forceinline__ void wgmma_finish(int (&d)[N]) {
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+template <int kPending, int N>
+__device__ __forceinline__ void wgmma_wait(int (&d)[N]) {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
+template <class D>
+__device__ __forceinline__ void wgmma_finish(D& d) {
+  wgmma_wait<0>(d);
 }
 // Shared memory written by this thread (stores, or cp.async copies it has awaited) is ordered before
 // the tensor cores' reads of it that a following barrier lets start.

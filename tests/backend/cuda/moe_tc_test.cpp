@@ -48,6 +48,9 @@ TEST(CudaTensorCores, RoutedExpertsWithinTheRoundingBound) {
       {{70, 33, 96, 64, 3, true, false, 0.5}, tensor_cores},    // a hash layer, partial tiles, K of 3 blocks
       {{300, 16, 512, 384, 6, false, false, 10.0}, tensor_cores_differ},  // output rows past one 128-tile
       {{300, 16, 512, 384, 6, false, false, 10.0}, tensor_cores, true},   // blocks dropped and at the edge
+      // hundreds of rows per expert: whole tiles of 256 token rows (four quarters), then a partial one
+      {{1200, 4, 512, 128, 2, false, false, 10.0}, tensor_cores_differ},
+      {{500, 8, 256, 192, 3, false, true, 10.0}, tensor_cores},  // 130–250 rows per expert: three or four quarters
       // 30 rows for 256 experts (decode-like) with K below the f16 mma path's 512: the exact kernel;
       // no shared expert: its FP8 products of 5 rows run on mma.sync (gemv_tc.cu, tested in gemm_tc_test)
       {{5, 256, 128, 64, 6, false, false, 10.0}, exact},
