@@ -306,14 +306,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     float acc[kQ][32] = {}, a[32], b[32];
     uint32_t f[16];
     const auto same = [](float s) { return s; };
+    // Stage 0's first quarter; a descriptor counts 16-byte units (adding keeps within its address field).
+    const uint64_t tokens0 = tile_descriptor(smem + kXOff);
     barrier_wait(&filled[0], 0);
     fragments(0, f);
     for (int kb = 0; kb < n_kb; ++kb) {
       const int slot = kb % kStages;
-      const unsigned char* X = smem + kXOff + slot * kXBytes;
       const float* token_scales = reinterpret_cast<const float*>(smem + kSxOff + slot * kScaleBytes);
       auto product = [&](float (&d)[32], int q) {  // quarter q's products of this block, one group
-        const uint64_t tokens = tile_descriptor(X + q * kQuarter * kBK);
+        const uint64_t tokens = tokens0 + (slot * kXBytes + q * kQuarter * kBK) / 16;
         wgmma_k32<false>(d, &f[0], tokens);
 #pragma unroll
         for (int s = 1; s < kBK / 32; ++s) wgmma_k32<true>(d, &f[4 * s], tokens + 2 * s);  // 32 bytes on, in 16s
