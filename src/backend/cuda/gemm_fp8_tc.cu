@@ -16,13 +16,14 @@
 // consumer warpgroup) against 128 token rows (B, from shared memory), the two K-major tiles of
 // 128-byte rows in wgmma's 128-byte swizzle. The grid is one block per SM, each taking tile after
 // tile. The producer warpgroup copies each K block's two tiles (16 KB each) and its 128 token
-// scales kStages − 1 blocks ahead (cp.async), across tiles; the two consumers multiply the tokens
-// a half (64) at a time and promote the first half while the second's products run (and while one
-// promotes, the other's products run). The producer's instructions per K block had matched the
-// consumers' (≈ 440 against 230 each in the SASS: each copy's tile, row and bounds found anew), so
-// a tile's rows are now found once, at its first block (≈ 140). The stages meet the consumers at
-// barriers in shared memory, one that fills and one that empties each stage, as in
-// gemm_experts_tc.cu.
+// scales kStages − 1 blocks ahead (cp.async), across tiles; the two consumers multiply, then
+// promote, and while one promotes the other's products run. (Halves of 64 tokens, one promoted
+// while the other's products run, would read the weight tile from shared memory twice: at
+// m64n64k32 the two operands take 128 bytes a cycle, all that shared memory gives, beside the
+// producer's copies.) The producer's instructions per K block had outnumbered a consumer's (≈ 440
+// against 230 in the SASS: each copy's tile, row and bounds found anew), so a tile's rows are now
+// found once, at its first block (≈ 140). The stages meet the consumers at barriers in shared
+// memory, one that fills and one that empties each stage, as in gemm_experts_tc.cu.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -56,26 +57,26 @@ constexpr int kProducers = 128, kConsumers = 256, kThreads = kProducers + kConsu
 constexpr int kProducerRegisters = 88, kConsumerRegisters = 208;
 static_assert(kProducers * kProducerRegisters + kConsumers * kConsumerRegisters == kThreads * 168, "the block's registers");
 static_assert(kProducers == kBN, "a producer thread copies one token's scale");
-// A stage: the weight tile, the token tile, the token scales (block_scales<kHalf> floats for each
-// half of the tokens), from a swizzle period.
-constexpr int kHalf = kBN / 2;  // token rows per product
-constexpr int kTileBytes = kBM * kBK, kStageBytes = 2 * kTileBytes + 2 * block_scales<kHalf> * 4;
+// A stage: the weight tile, the token tile, the token scales (block_scales<kBN> floats), from a
+// swizzle period.
+constexpr int kTileBytes = kBM * kBK, kStageBytes = 2 * kTileBytes + block_scales<kBN> * 4;
 constexpr int kStageStride = (kStageBytes + kSwizzlePeriod - 1) / kSwizzlePeriod * kSwizzlePeriod;
 constexpr size_t kSmemBytes = kSwizzlePeriod + size_t(kStages) * kStageStride;
 
 #ifdef DSV4_WGMMA
-// d (+)= A · Bᵀ over 32 of K: A 64 weight rows, B 64 token rows, both e4m3 in shared memory;
+// d (+)= A · Bᵀ over 32 of K: A 64 weight rows, B 128 token rows, both e4m3 in shared memory;
 // d = A · Bᵀ when !accumulate.
 template <bool kAccumulate>
-__device__ __forceinline__ void wgmma_k32(float (&d)[32], uint64_t a, uint64_t b) {
+__device__ __forceinline__ void wgmma_k32(float (&d)[64], uint64_t a, uint64_t b) {
 #define DSV4_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
-      "%23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "%32, %33, p, 1, 1;\n}\n"
-      : DSV4_D8(0), DSV4_D8(8), DSV4_D8(16), DSV4_D8(24)
+      "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "
+      "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1;\n}\n"
+      : DSV4_D8(0), DSV4_D8(8), DSV4_D8(16), DSV4_D8(24), DSV4_D8(32), DSV4_D8(40), DSV4_D8(48), DSV4_D8(56)
       : "l"(a), "l"(b), "n"(kAccumulate ? 1 : 0));
 #undef DSV4_D8
 }
@@ -124,7 +125,7 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_gemm_kernel(GemmRequest p, co
     // address is not read.
     const int chunk = tid % 8;
     const uint32_t to = shared_address(smem) + swizzled(tid / 8, chunk);
-    const uint32_t scale_to = shared_address(scales_of(0) + tid / kHalf * block_scales<kHalf> + scale_place<kHalf>(tid % kHalf));
+    const uint32_t scale_to = shared_address(scales_of(0) + scale_place<kBN>(tid));
     constexpr int kRows = kBM / 16;  // of each operand per thread
     const uint8_t *w_at[kRows], *x_at[kRows];  // the tile's rows, at chunk
     bool w_in[kRows], x_in[kRows];             // whether they are the matrix's
@@ -164,39 +165,27 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_gemm_kernel(GemmRequest p, co
   for (int64_t tile = 0; tile < my_tiles; ++tile) {
     const int64_t n0 = row_of(tile), t0 = token_of(tile);
     const uint8_t* w_scales = scale_row<kFp8>(W, p.row0 + n0);  // the tile's rows are one 128-row block
-    // The tokens go through the tensor cores a half (64) at a time, into their own partials: the
-    // first half is promoted while the second half's products run. (Keeping the second half's
-    // products in flight into the next block made ptxas serialise every wgmma, warning C7514.)
-    float acc[2][32] = {}, part[2][32];
+    float acc[64] = {}, part[64];
     for (int kb = 0; kb < n_kb; ++kb, ++step) {
       const int slot = int(step % kStages);
       const float w_scale = scale_at(w_scales, kb, W.scale_is_f32);
       barrier_wait(&filled[slot], int((step / kStages) & 1));
-      const uint64_t a = tile_descriptor(weights_of(slot) + 64 * wg * kBK);
+      const uint64_t a = tile_descriptor(weights_of(slot) + 64 * wg * kBK), b = tile_descriptor(tokens_of(slot));
       wgmma_begin();
+      wgmma_k32<false>(part, a, b);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint64_t b = tile_descriptor(tokens_of(slot) + h * kHalf * kBK);
-        wgmma_k32<false>(part[h], a, b);
-#pragma unroll
-        for (int q = 1; q < kBK / 32; ++q) wgmma_k32<true>(part[h], a + 2 * q, b + 2 * q);  // 32 bytes on, in 16s
-        wgmma_commit();
-      }
-      const auto scaled = [w_scale](float s) { return s * w_scale; };
-      wgmma_wait<1>(part[0]);
-      promote(acc[0], part[0], scales_of(slot), lc, scaled);
-      wgmma_wait<0>(part[1]);
-      promote(acc[1], part[1], scales_of(slot) + block_scales<kHalf>, lc, scaled);
+      for (int q = 1; q < kBK / 32; ++q) wgmma_k32<true>(part, a + 2 * q, b + 2 * q);  // 32 bytes on, in 16s
+      wgmma_commit();
+      wgmma_finish(part);
+      promote(acc, part, scales_of(slot), lc, [w_scale](float s) { return s * w_scale; });
       __syncwarp();
       if (lane == 0) barrier_arrive(&emptied[slot]);  // the warp is done with the stage
     }
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        const int64_t n = n0 + wrow + lr + (i % 4 >= 2 ? 8 : 0), t = t0 + kHalf * h + 8 * (i / 4) + 2 * lc + i % 2;
-        if (n < p.rows && t < T) p.y[t * p.y_stride + n] = round_bf16(acc[h][i]);
-      }
+    for (int i = 0; i < 64; ++i) {
+      const int64_t n = n0 + wrow + lr + (i % 4 >= 2 ? 8 : 0), t = t0 + 8 * (i / 4) + 2 * lc + i % 2;
+      if (n < p.rows && t < T) p.y[t * p.y_stride + n] = round_bf16(acc[i]);
+    }
   }
 #endif
 }
