@@ -79,7 +79,8 @@ size_t smem_bytes(int64_t K) { return kSwizzlePeriod + kTableOff + size_t(kBN * 
 // Where token row t's offset in x sits in the producer's table: row t = g + 16i (g < 16) is copy i of
 // the producer threads 8g … 8g + 7, which read their 16 rows' offsets as four 16-byte loads.
 __host__ __device__ constexpr int x_offset(int t) { return t % 16 * (kBM / 16) + t / 16; }
-// The dynamic shared memory a block may ask for: 227 KB less the kernel's own arrays (≈ 9 KB).
+// The dynamic shared memory a block may ask for: 227 KB less the kernel's own arrays (7.1 KB) and
+// a margin.
 constexpr size_t kSmemLimit = 217 * 1024;
 
 // Where chunk c of raw weight row r sits in its 64 bytes: the 8 rows one ldmatrix matrix reads
