@@ -110,14 +110,36 @@ __device__ inline uint64_t select_key(float score, int64_t w) {
 }
 
 // Where a selection reads its candidates: for_each(f) calls f(key) for each, spread over the block.
-// A query's scores, keyed on the fly (the one-block path reads them from global memory).
+// A query's scores, keyed on the fly (the one-block path reads them from global memory), 16 bytes
+// a load (8 bf16 scores): the scores before the row's first 16-byte boundary and after its last
+// one alone.
 template <class S>
 struct ScoreKeys {
   const S* score;
   int64_t n;
   template <class F>
   __device__ void for_each(F f) const {
-    for_each_element(score, n, [&](S s, int64_t w) { f(select_key(score_value(s), w)); });
+    constexpr int kPerLoad = 16 / sizeof(S), kLoads = 2;  // a thread's loads in flight together
+    const int64_t head = min(n, int64_t((16 - reinterpret_cast<uintptr_t>(score) % 16) % 16 / sizeof(S)));
+    const int64_t n_vectors = (n - head) / kPerLoad, tail = head + n_vectors * kPerLoad;
+    for (int64_t w = threadIdx.x; w < head; w += blockDim.x) f(select_key(score_value(score[w]), w));
+    for (int64_t w = tail + threadIdx.x; w < n; w += blockDim.x) f(select_key(score_value(score[w]), w));
+    const uint4* vectors = reinterpret_cast<const uint4*>(score + head);
+    for (int64_t base = threadIdx.x; base < n_vectors; base += int64_t(blockDim.x) * kLoads) {
+      uint4 v[kLoads];
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u)
+        if (base + u * blockDim.x < n_vectors) v[u] = vectors[base + u * blockDim.x];
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u) {
+        if (base + u * blockDim.x >= n_vectors) break;
+        S s[kPerLoad];
+        memcpy(s, &v[u], sizeof(s));
+        const int64_t w0 = head + (base + u * blockDim.x) * kPerLoad;
+#pragma unroll
+        for (int e = 0; e < kPerLoad; ++e) f(select_key(score_value(s[e]), w0 + e));
+      }
+    }
   }
   __device__ uint64_t first() const { return select_key(score_value(score[0]), 0); }
 };
