@@ -14,28 +14,23 @@
 // layers, 256K prompt, ncu over all launches, tiles of 32 rows: 594 ms against 776 when each query's
 // block converted its tiles in shared memory).
 //
-// One block per (query, 64 heads): the heads of a query share its rows (one KV head), so both
-// products have the 64 heads as M, one wgmma's height. The rows come in tiles of 64, and tiles in
-// pairs (A, B); a row serves as key and as value from the same shared memory, stored as wgmma's
-// 128-byte swizzle reads a K-major operand (blocks of 64 dims, a row 128 bytes), which is also the
-// N-major layout of the values' B. Three warpgroups, as FlashMLA splits its MLA kernel's work (the
-// output, 64 heads × 512 dims of fp32, is two warpgroups' registers):
-//   producer: copies a pair's bf16 rows with cp.async into four stages of half a tile (A's dims
-//     0–255 and 256–511, then B's), each refilled as soon as the consumers are done with it; zeros
-//     for skipped or missing rows and for dims past the head dim;
-//   consumer c (c = 0 for A, 1 for B): tile c's logits against all 64 heads over all dims (wgmma
-//     m64n64k16, the query and the rows from shared memory), then its softmax: consumer 0 from the
-//     running max, consumer 1 from A's (handed over with A's probabilities in shared memory, which
-//     consumer 1 multiplies while it computes B's);
-//   values: consumer c adds P · V of both tiles over its dims 256c … 256c + 255 (wgmma m64n256k16,
-//     128 fp32 accumulators a thread), rescaled first when a max grew.
-// So one consumer's softmax runs while the other's products do (the one-tile kernel before left the
-// tensor cores idle through every softmax and its exchange of maxima: 27% of the bf16 peak at a 1M
-// prompt's HCA layer), and the rows arrive while the pair before is summed. The arithmetic is the
-// one-tile kernel's: A's probabilities are exp(logit − the max after A), B's exp(logit − the max
-// after B), rounded to bf16, and o is rescaled in fp32 each time the max grows; only the
-// denominator's fp32 sum is in another order (each consumer sums its tiles'). The query (64 × 512
-// bf16), the four stages and two tiles' probabilities take 210 KB of shared memory: one block per SM.
+// One block of two warpgroups per (query, 64 heads): the heads of a query share its rows (one KV
+// head), so both products have the 64 heads as M, one wgmma's height. The rows come in tiles of 64;
+// a row serves as key and as value from the same shared memory, stored as wgmma's 128-byte
+// swizzle reads a K-major operand (blocks of 64 dims, a row 128 bytes), which is also the
+// N-major layout of the values' B:
+//   staging: each thread copies its share of the next tile's bf16 rows with cp.async (no
+//     registers) while the current tile is summed; zeros for skipped or missing rows and for dims
+//     past the head dim;
+//   logits: warpgroup c takes the tile's rows 32c … 32c + 31 against all 64 heads over all dims
+//     (wgmma m64n32k16, the query and the rows from shared memory);
+//   softmax: the two warpgroups meet in shared memory for the tile's max per head, then write the
+//     bf16 probabilities in the A operand's layout;
+//   values: warpgroup c adds P · V for all heads over dims 256c … 256c + 255 (wgmma m64n256k16,
+//     128 fp32 accumulators per thread), rescaled first when a max grew.
+// The query (64 × 512 bf16), two tile slots and the probabilities take 202 KB of shared memory:
+// one block per SM. (With mma.sync and ldmatrix, every warp re-read the query and the tile from
+// shared memory, which bounded it: 530.9 ms at a 256K prompt.)
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -53,33 +48,22 @@ namespace dsv4::cuda {
 
 namespace {
 
-constexpr int kProducers = 128, kConsumers = 256, kThreads = kProducers + kConsumers;  // three warpgroups
-constexpr int kHeads = 64;                 // per block: wgmma's M
-constexpr int kTileRows = 64;              // rows per tile: the logits' N, the values' K
-constexpr int kMaxDim = 512;               // two consumers of 256 value dims
-constexpr int kHalfDims = kMaxDim / 2;     // a tile's half: a consumer's value dims
-constexpr int kDimBlock = 64;              // bf16 per 128-byte swizzled row
-constexpr int kDimBlocks = kMaxDim / kDimBlock, kHalfBlocks = kDimBlocks / 2;
-// The ring: a pair of tiles (A, then B) in four stages of half a tile, in the order they empty:
-// A's dims 0–255 and 256–511, then B's.
-constexpr int kStages = 4;
-// Registers per thread once the roles split (setmaxnreg): together what the block is given at
-// launch, 168 a thread (__launch_bounds__ with one block per SM).
-constexpr int kProducerRegisters = 56, kConsumerRegisters = 224;
-static_assert(kProducers * kProducerRegisters + kConsumers * kConsumerRegisters == kThreads * 168, "the block's registers");
-// The consumers' named barriers (wgmma.cuh): a pair's hand-overs between them, each consumer's own
-// barrier before its products read the probabilities it wrote, and the barrier of both.
-constexpr int kABarrier = 1, kBBarrier = 2, kAFreeBarrier = 3, kBFreeBarrier = 4, kOwnBarrier = 5, kBothBarrier = 7;
+constexpr int kThreads = 256;              // two warpgroups
+constexpr int kHeads = 64;                  // per block: wgmma's M
+constexpr int kTileRows = 64;               // rows per step: the logits' N (two warpgroups), the values' K
+constexpr int kGroupRows = kTileRows / 2;   // the logits' rows per warpgroup
+constexpr int kMaxDim = 512;                // two warpgroups of 256 value dims
+constexpr int kGroupDims = kMaxDim / 2;     // the values' N per warpgroup
+constexpr int kDimBlock = 64;               // bf16 per 128-byte swizzled row
+constexpr int kDimBlocks = kMaxDim / kDimBlock;
 
 // Shared memory from a 1024-byte boundary (the swizzle's period). A dim block holds its 64 dims of
 // every head or row: [head or row][128 B].
-constexpr uint32_t kQueryBlockBytes = kHeads * 128, kHalfBlockBytes = kTileRows * 128;
-constexpr uint32_t kQueryBytes = kDimBlocks * kQueryBlockBytes, kStageBytes = kHalfBlocks * kHalfBlockBytes;
+constexpr uint32_t kQueryBlockBytes = kHeads * 128, kTileBlockBytes = kTileRows * 128;
+constexpr uint32_t kQueryBytes = kDimBlocks * kQueryBlockBytes, kTileBytes = kDimBlocks * kTileBlockBytes;
 constexpr uint32_t kProbBytes = kHeads * kTileRows * 2;  // [head][64 rows of bf16]: one 128-byte row each
-constexpr uint32_t kStagesOff = kQueryBytes, kProbOff = kStagesOff + kStages * kStageBytes;  // then A's, B's
-constexpr uint32_t kMaxOff = kProbOff + 2 * kProbBytes;            // [A, B][kHeads] floats: a tile's max
-constexpr uint32_t kSumOff = kMaxOff + 2 * kHeads * sizeof(float);  // [consumer][kHeads] floats
-constexpr uint32_t kPresentOff = kSumOff + 2 * kHeads * sizeof(float);  // [A, B][kTileRows] ints
+constexpr uint32_t kTilesOff = kQueryBytes, kProbOff = kTilesOff + 2 * kTileBytes, kMeetOff = kProbOff + kProbBytes;
+constexpr uint32_t kPresentOff = kMeetOff + 2 * kHeads * sizeof(float);
 constexpr size_t kSmemBytes = kPresentOff + 2 * kTileRows * sizeof(int) + kSwizzlePeriod;
 
 // Four e4m3 codes (a word, the first in the low byte) of a block with E8M0 exponent e, as four bf16
@@ -126,18 +110,16 @@ __global__ void compact_bf16_kernel(const float* kv, RowFormat f, int64_t n, __n
 // The products, each its warpgroup's: d (+)= a · b with both operands in shared memory (descriptors),
 // bf16 in and fp32 accumulators in wgmma's fragment order (d[4j + 2r + e]: head 16w + g + 8r, column
 // 8j + 2i + e, for warp w of the group, g = lane / 4, i = lane % 4).
-// The logits' step: 64 heads × 64 rows over 16 dims, b K-major.
+// The logits' step: 64 heads × 32 rows over 16 dims, b K-major.
 template <bool kAccumulate>
-__device__ __forceinline__ void wgmma_logits(float (&d)[32], uint64_t a, uint64_t b) {
-#define DSV4_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+__device__ __forceinline__ void wgmma_logits(float (&d)[16], uint64_t a, uint64_t b) {
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
-      "%23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-      : DSV4_D8(0), DSV4_D8(8), DSV4_D8(16), DSV4_D8(24)
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
       : "l"(a), "l"(b), "n"(int(kAccumulate)));
-#undef DSV4_D8
 }
 
 // The values' step: 64 heads × 256 dims over 16 rows, b N-major (transposed).
@@ -161,268 +143,155 @@ __device__ __forceinline__ void wgmma_values(float (&d)[128], uint64_t a, uint64
 #endif
 
 // Block (query t, heads h0 … h0 + 63); `window` and `compressed` are a.swa.kv and a.comp.kv as bf16
-// rows of a.hd (same row numbers). See the top for the roles and the order of a pair's steps.
+// rows of a.hd (same row numbers).
 __global__ void __launch_bounds__(kThreads, 1)
     tc_attention_kernel(AttnArgs a, const __nv_bfloat16* window, const __nv_bfloat16* compressed) {
 #ifdef DSV4_WGMMA
   await_previous_kernel();
   extern __shared__ unsigned char smem_base[];
   unsigned char* smem = at_swizzle_period(smem_base);
-  unsigned char* qs = smem;                     // [kDimBlocks][kHeads][128 B]
-  unsigned char* stages = smem + kStagesOff;    // [kStages][kHalfBlocks][kTileRows][128 B]
-  unsigned char* probs = smem + kProbOff;       // [A, B][kHeads][128 B]
-  float* tile_max = reinterpret_cast<float*>(smem + kMaxOff);  // [A, B][kHeads]
-  float* sums = reinterpret_cast<float*>(smem + kSumOff);      // [consumer][kHeads]
-  int* present = reinterpret_cast<int*>(smem + kPresentOff);   // [A, B][kTileRows]
-  __shared__ uint64_t filled[kStages], emptied[kStages];
+  unsigned char* qs = smem;                // [kDimBlocks][kHeads][128 B]
+  unsigned char* tiles = smem + kTilesOff;  // [2][kDimBlocks][kTileRows][128 B]
+  unsigned char* probs = smem + kProbOff;   // [kHeads][128 B]
+  float* meet = reinterpret_cast<float*>(smem + kMeetOff);       // [2][kHeads]
+  int* present = reinterpret_cast<int*>(smem + kPresentOff);     // [2][kTileRows]
 
   const int64_t t = blockIdx.x, h0 = int64_t(blockIdx.y) * kHeads;
-  const int tid = threadIdx.x, lane = tid % 32;
+  const int hd = int(a.hd);
+  const int tid = threadIdx.x, lane = tid % 32, g = lane / 4, i = lane % 4;
+  const int group = tid / 128, warp = tid / 32 % 4;  // the warpgroup's rows 32·group …, dims 256·group …; its heads 16·warp …
   const QueryRows rows(a, t);
-  const int n_pairs = int((rows.n + 2 * kTileRows - 1) / (2 * kTileRows));
-  if (tid == 0)
-    for (int s = 0; s < kStages; ++s) {
-      // Who is done with a stage (warps): A's dims 0–255 consumer 0 alone, its dims 256–511 both (the
-      // logits and consumer 1's values), B's 0–255 both, its 256–511 consumer 1 alone.
-      barrier_init(&filled[s], kProducers);
-      barrier_init(&emptied[s], s == 0 || s == 3 ? 4 : 8);
-    }
-  __syncthreads();
+  const int n_tiles = int((rows.n + kTileRows - 1) / kTileRows);
 
-  if (tid < kProducers) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegisters));
-    // Step k fills stage k % 4 with half k % 2 of tile k / 2. Thread tid copies 16-byte chunk tid % 32
-    // of that half of rows tid / 32 + 4i (a warp's copy is one row's 512 contiguous bytes), zeros for
-    // skipped and missing rows and for dims past the head dim; with the first half it notes which
-    // rows are present.
-    const int chunk = tid % 32, first_row = tid / 32;
-    const uint32_t to = shared_address(stages) + (chunk / 8) * kHalfBlockBytes;
-    auto issue = [&](int64_t step) {
-      const int s = int(step % kStages), tile = int(step / 2), half = int(step % 2);
-      const int d0 = kHalfDims * half + 8 * chunk;
-      for (int r = first_row; r < kTileRows; r += kProducers / 32) {
-        const RowIndex ref = rows.index(a, t, int64_t(tile) * kTileRows + r);
-        const __nv_bfloat16* src = (ref.window ? window : compressed) + (ref.i >= 0 ? ref.i : 0) * a.hd;
-        copy_async_16(to + s * kStageBytes + swizzled(r, chunk % 8), src + (d0 < a.hd ? d0 : 0), ref.i >= 0 && d0 < a.hd);
-        if (half == 0 && chunk == 0) present[tile % 2 * kTileRows + r] = ref.i >= 0;
-      }
-    };
-    // Not produce_ring: the consumers empty a pair's stages in another order than they fill them
-    // (B's only once their products with A's are done), so every stage of a pair is announced before
-    // the producer waits to refill any; each is refilled as soon as it is emptied, in turn.
-    for (int pair = 0; pair < n_pairs; ++pair) {
-      for (int s = 0; s < kStages; ++s) {
-        if (pair > 0) barrier_wait(&emptied[s], (pair - 1) & 1);
-        issue(int64_t(kStages) * pair + s);
-        commit_async_copies();
-      }
-      auto announce = [&](int s) {  // (this thread's copies of stage s have landed)
-        fence_for_tensor_cores();
-        barrier_arrive(&filled[s]);
-      };
-      await_async_copies<3>(), announce(0);
-      await_async_copies<2>(), announce(1);
-      await_async_copies<1>(), announce(2);
-      await_async_copies<0>(), announce(3);
-    }
-    return;
-  }
-
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegisters));
-  const int ct = tid - kProducers, c = ct / 128, warp = ct % 128 / 32, g = lane / 4, i = lane % 4;
   // The query's heads as bf16, zeros past H and past hd (the products always run over kMaxDim: a
   // loop bound known to the compiler keeps the wgmma chain free of injected waits).
-  for (int e = ct; e < kHeads * (kMaxDim / 4); e += kConsumers) {
+  for (int e = tid; e < kHeads * (kMaxDim / 4); e += kThreads) {
     const int h = e / (kMaxDim / 4), d0 = 4 * (e % (kMaxDim / 4));
     float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (h0 + h < a.H && d0 < a.hd) v = *reinterpret_cast<const float4*>(a.q + (t * a.H + h0 + h) * a.hd + d0);
+    if (h0 + h < a.H && d0 < hd) v = *reinterpret_cast<const float4*>(a.q + (t * a.H + h0 + h) * hd + d0);
     *reinterpret_cast<uint2*>(qs + (d0 / kDimBlock) * kQueryBlockBytes + swizzled(h, d0 % kDimBlock / 8) + d0 % 8 * 2) =
         make_uint2(bf16x2_bits(v.x, v.y), bf16x2_bits(v.z, v.w));
   }
-  fence_for_tensor_cores();
-  named_sync(kBothBarrier, kConsumers);
 
-  // Consumer c computes tile c's logits (A: 0, B: 1) and softmax, and adds both tiles' P · V over
-  // its value dims 256c … 256c + 255. Its stages: its tile's halves (2c, 2c + 1) for the logits, and
-  // its dims' half of each tile (c, 2 + c) for the values.
-  auto release = [&](int s) {
-    __syncwarp();
-    if (lane == 0) barrier_arrive(&emptied[s]);
-  };
-  // Tile c's logits, c[4j + 2r + e]: head 16·warp + g + 8r, tile row 8j + 2i + e. Step kk takes dims
-  // 16·kk …: dim block kk / 4, 32 bytes on per step inside it; the half's stage once it is filled.
-  float s_[32];
-  auto logits_half = [&](int half, int parity) {
-    const unsigned char* keys = stages + (2 * c + half) * kStageBytes;
-    barrier_wait(&filled[2 * c + half], parity);
-    wgmma_begin();
-#pragma unroll
-    for (int kk = 16 * half; kk < 16 * half + 16; ++kk) {
-      const uint64_t q_at = tile_descriptor(qs + kk / 4 * kQueryBlockBytes + kk % 4 * 32);
-      const uint64_t k_at = tile_descriptor(keys + (kk % 16) / 4 * kHalfBlockBytes + kk % 4 * 32);
-      if (kk == 0) wgmma_logits<false>(s_, q_at, k_at);
-      else wgmma_logits<true>(s_, q_at, k_at);
+  // Staging: thread (row r, part u) copies 16-byte piece u of rows r, r + 32 in every dim block.
+  auto stage = [&](int tile, int slot) {
+    for (int r = tid / 8; r < kTileRows; r += kThreads / 8) {
+      const RowIndex ref = rows.index(a, t, int64_t(tile) * kTileRows + r);
+      const __nv_bfloat16* src = (ref.window ? window : compressed) + (ref.i >= 0 ? ref.i : 0) * a.hd;
+      unsigned char* dst = tiles + slot * kTileBytes + swizzled(r, tid % 8);
+      for (int b = 0; b < kDimBlocks; ++b) {
+        const int d0 = kDimBlock * b + 8 * (tid % 8);
+        copy_async_16(dst + b * kTileBlockBytes, src + (d0 < hd ? d0 : 0), ref.i >= 0 && d0 < hd);  // else zeros
+      }
+      if (tid % 8 == 0) present[slot * kTileRows + r] = ref.i >= 0;
     }
-    wgmma_commit();
   };
-  // The probabilities of tile p (A: 0, B: 1) as bf16 in wgmma's A layout ((head h, rows 8j + 2i, + 1):
-  // 16-byte piece j of the head's row), for both consumers' products.
-  auto store_probs = [&](int p) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-        *reinterpret_cast<uint32_t*>(probs + p * kProbBytes + swizzled(16 * warp + g + 8 * r, j) + 4 * i) =
-            bf16x2_bits(s_[4 * j + 2 * r], s_[4 * j + 2 * r + 1]);
-  };
-  float o[128] = {};  // o[4j + 2r + e]: head 16·warp + g + 8r, dim 256·c + 8j + 2i + e
-  // Per head r of the thread (16·warp + g + 8r): the running max after the pairs so far, and this
-  // consumer's part of the denominator (its tiles' unrounded exponentials, at that max).
-  float running_max[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
-  // o *= alpha per head (its products are done), unless no head of the warp changes.
-  auto rescale = [&](const float (&alpha)[2]) {
-    if (__any_sync(kFullMask, alpha[0] != 1.0f || alpha[1] != 1.0f))
-#pragma unroll
-      for (int k = 0; k < 128; ++k) o[k] *= alpha[k / 2 % 2];
-  };
-  // o += P(tile p) · V over the consumer's dims, from tile p's stage of them.
-  auto add_values = [&](int p) {
-    const unsigned char* values = stages + (2 * p + c) * kStageBytes;
-    wgmma_begin();
-#pragma unroll
-    for (int ks = 0; ks < kTileRows / 16; ++ks)  // rows 16·ks …: 32 bytes on in the probabilities' rows
-      wgmma_values(o, tile_descriptor(probs + p * kProbBytes + 32 * ks), n_major_descriptor(values + 16 * ks * 128, kHalfBlockBytes));
-    wgmma_commit();
-  };
-  // exp's base for a max: 0 while every row so far is absent (all terms stay 0).
-  auto base_of = [](float m) { return m == -INFINITY ? 0.0f : m; };
 
-  for (int pair = 0; pair < n_pairs; ++pair) {
-    const int parity = pair & 1;
-    logits_half(0, parity);
-    logits_half(1, parity);
-    wgmma_wait<0>(s_);
-    // Scaled logits, −inf for absent rows, and their max per head.
+  float o[128] = {};  // o[4j + 2r + e]: head 16·warp + g + 8r, dim 256·group + 8j + 2i + e
+  float running_max[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};  // heads 16·warp + g + 8r
+  const bool has_values = kGroupDims * group < hd;  // (dims past hd: the group has nothing to add)
+
+  // Each tile's copies are one group, issued while the tile before is summed and awaited at the
+  // start of its own step, once every warpgroup has left the slot they refill.
+  stage(0, 0);
+  commit_async_copies();
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const int slot = tile % 2;
+    const unsigned char* rows_at = tiles + slot * kTileBytes;
+    await_async_copies<0>();  // this tile's copies,
+    fence_for_tensor_cores();  // visible to the tensor cores
+    __syncthreads();          // for every thread's; every warpgroup is done with the last tile
+    if (tile + 1 < n_tiles) stage(tile + 1, slot ^ 1);  // (into the slot the last tile left)
+    commit_async_copies();
+
+    // Logits: c[4j + 2r + e] is head 16·warp + g + 8r, tile row 32·group + 8j + 2i + e. Step kk
+    // takes dims 16·kk …: dim block kk / 4, 32 bytes on per step inside it.
+    float c[16];
+    const unsigned char* keys_at = rows_at + group * kGroupRows * 128;
+    auto logits_step = [&](auto accumulate, int kk) {
+      const int block = kk / 4, within = kk % 4 * 32;
+      wgmma_logits<decltype(accumulate)::value>(c, tile_descriptor(qs + block * kQueryBlockBytes + within),
+                                                tile_descriptor(keys_at + block * kTileBlockBytes + within));
+    };
+    wgmma_begin();
+    logits_step(std::false_type{}, 0);
+#pragma unroll
+    for (int kk = 1; kk < kMaxDim / 16; ++kk) logits_step(std::true_type{}, kk);
+    wgmma_commit();
+    wgmma_finish(c);
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int k = 0; k < 32; ++k) {
-      const bool here = present[c * kTileRows + 8 * (k / 4) + 2 * i + k % 2];
-      s_[k] = here ? s_[k] * a.softmax_scale : -INFINITY;
-      mx[k / 2 % 2] = fmaxf(mx[k / 2 % 2], s_[k]);
+    for (int k = 0; k < 16; ++k) {
+      const bool here = present[slot * kTileRows + kGroupRows * group + 8 * (k / 4) + 2 * i + k % 2];
+      c[k] = here ? c[k] * a.softmax_scale : -INFINITY;
+      mx[k / 2 % 2] = fmaxf(mx[k / 2 % 2], c[k]);
     }
-    release(c == 0 ? 1 : 2);  // this tile's logits are done (and its presence read)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFullMask, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFullMask, mx[r], 2));
+      if (i == 0) meet[group * kHeads + 16 * warp + g + 8 * r] = mx[r];
     }
-    float max_a[2], alpha_a[2], alpha_b[2];
-    if (c == 0) {
-      // Tile A's softmax from the running max, its probabilities to shared memory (once consumer 1's
-      // product of the last pair's is done) with its max, then o's product with them.
-      float s[2] = {0.0f, 0.0f};
+    __syncthreads();
+    float alpha[2];
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        max_a[r] = fmaxf(running_max[r], mx[r]);
-        alpha_a[r] = __expf(running_max[r] - base_of(max_a[r]));
+    for (int r = 0; r < 2; ++r) {
+      const int h = 16 * warp + g + 8 * r;
+      const float m = fmaxf(running_max[r], fmaxf(meet[h], meet[kHeads + h]));
+      const float base = m == -INFINITY ? 0.0f : m;  // every row so far absent: all terms stay 0
+      alpha[r] = __expf(running_max[r] - base);
+      running_max[r] = m;
+      float s = 0.0f;
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& x = s_[4 * j + 2 * r + e];
-            x = __expf(x - base_of(max_a[r]));
-            s[r] += x;
-          }
-        sum[r] = sum[r] * alpha_a[r] + s[r];
+      for (int j = 0; j < 4; ++j) {
+        float* pair = c + 4 * j + 2 * r;
+        pair[0] = __expf(pair[0] - base);
+        pair[1] = __expf(pair[1] - base);
+        s += pair[0] + pair[1];
+        // (head h, rows 32·group + 8j + 2i, + 1): 16-byte piece 4·group + j of the head's row
+        *reinterpret_cast<uint32_t*>(probs + swizzled(h, 4 * group + j) + 4 * i) = bf16x2_bits(pair[0], pair[1]);
       }
-      if (pair > 0) named_sync(kAFreeBarrier, kConsumers);
-      store_probs(0);
-      if (i == 0)
-        for (int r = 0; r < 2; ++r) tile_max[16 * warp + g + 8 * r] = max_a[r];
-      fence_for_tensor_cores();
-      named_arrive(kABarrier, kConsumers);
-      named_sync(kOwnBarrier, 128);  // every warp's probabilities, before this group's product reads them
-      rescale(alpha_a);
-      add_values(0);
-      wgmma_wait<0>(o);
-      release(0);  // A's dims 0–255, its logits and this product done: the producer refills them
-      // Tile B's max from consumer 1, then o's product with B's probabilities.
-      named_sync(kBBarrier, kConsumers);
-      float max_b[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        max_b[r] = tile_max[kHeads + 16 * warp + g + 8 * r];
-        alpha_b[r] = __expf(max_a[r] - base_of(max_b[r]));
-        sum[r] *= alpha_b[r];
-        running_max[r] = max_b[r];
-      }
-      rescale(alpha_b);
-      add_values(1);
-    } else {
-      // Tile A's max from consumer 0, then o's product with A's probabilities; tile B's softmax meanwhile.
-      named_sync(kABarrier, kConsumers);
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        max_a[r] = tile_max[16 * warp + g + 8 * r];
-        alpha_a[r] = __expf(running_max[r] - base_of(max_a[r]));
-      }
-      rescale(alpha_a);
-      add_values(0);
-      float s[2] = {0.0f, 0.0f}, max_b[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        max_b[r] = fmaxf(max_a[r], mx[r]);
-        alpha_b[r] = __expf(max_a[r] - base_of(max_b[r]));
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& x = s_[4 * j + 2 * r + e];
-            x = __expf(x - base_of(max_b[r]));
-            s[r] += x;
-          }
-        sum[r] = sum[r] * alpha_a[r] * alpha_b[r] + s[r];
-        running_max[r] = max_b[r];
-      }
-      if (pair > 0) named_sync(kBFreeBarrier, kConsumers);
-      store_probs(1);
-      if (i == 0)
-        for (int r = 0; r < 2; ++r) tile_max[kHeads + 16 * warp + g + 8 * r] = max_b[r];
-      fence_for_tensor_cores();
-      named_arrive(kBBarrier, kConsumers);
-      named_sync(kOwnBarrier + 1, 128);
-      wgmma_wait<0>(o);
-      release(1);  // A's dims 256–511: consumer 0's logits and this product are done
-      if (pair + 1 < n_pairs) named_arrive(kAFreeBarrier, kConsumers);  // consumer 0 may write A's probabilities
-      rescale(alpha_b);
-      add_values(1);
+      sum[r] = sum[r] * alpha[r] + s;
     }
-    // Tile B's product done before the next pair's logits (a group left in flight across the loop made
-    // ptxas serialise every product): its stage of this consumer's dims is free, and B's probabilities.
+    fence_for_tensor_cores();
+    __syncthreads();
+
+    // Values: rescale where a max grew (all lanes alike once the maxima settle), then P · V.
+    if (!has_values) continue;
+    if (__any_sync(kFullMask, alpha[0] != 1.0f || alpha[1] != 1.0f))
+#pragma unroll
+      for (int k = 0; k < 128; ++k) o[k] *= alpha[k / 2 % 2];
+    wgmma_begin();
+#pragma unroll
+    for (int ks = 0; ks < kTileRows / 16; ++ks)  // rows 16·ks …: 32 bytes on in the probabilities' rows
+      wgmma_values(o, tile_descriptor(probs + 32 * ks),
+                   n_major_descriptor(rows_at + 16 * ks * 128 + 4 * group * kTileBlockBytes, kTileBlockBytes));
+    wgmma_commit();
     wgmma_finish(o);
-    release(c == 0 ? 2 : 3);
-    if (c == 0 && pair + 1 < n_pairs) named_arrive(kBFreeBarrier, kConsumers);  // consumer 1 may write them
   }
 
-  // The denominator: the lanes' and the two consumers' sums, then the sink.
+  // The denominator: the lanes' and the two warpgroups' sums, then the sink.
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     sum[r] += __shfl_xor_sync(kFullMask, sum[r], 1);
     sum[r] += __shfl_xor_sync(kFullMask, sum[r], 2);
-    if (i == 0) sums[c * kHeads + 16 * warp + g + 8 * r] = sum[r];
   }
-  named_sync(kBothBarrier, kConsumers);
+  __syncthreads();  // every warp is done reading the maxima
+  if (i == 0)
+    for (int r = 0; r < 2; ++r) meet[group * kHeads + 16 * warp + g + 8 * r] = sum[r];
+  __syncthreads();
+  if (!has_values) return;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t h = h0 + 16 * warp + g + 8 * r;
     if (h >= a.H) continue;
     const int hl = int(h - h0);
-    const float den = sums[hl] + sums[kHeads + hl] + __expf(a.sinks[h] - running_max[r]);
-    float* out = a.out + (t * a.H + h) * a.hd;
+    const float den = meet[hl] + meet[kHeads + hl] + __expf(a.sinks[h] - running_max[r]);
+    float* out = a.out + (t * a.H + h) * hd;
 #pragma unroll
-    for (int j = 0; j < kHalfDims / 8; ++j) {
-      const int d = kHalfDims * c + 8 * j + 2 * i;
-      if (d >= a.hd) break;
+    for (int j = 0; j < kGroupDims / 8; ++j) {
+      const int d = kGroupDims * group + 8 * j + 2 * i;
+      if (d >= hd) break;
       *reinterpret_cast<float2*>(out + d) =
           make_float2(round_if(a.bf16, o[4 * j + 2 * r] / den), round_if(a.bf16, o[4 * j + 2 * r + 1] / den));
     }

@@ -111,11 +111,6 @@ __device__ __forceinline__ void wgmma_wait(int (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(d[i])::"memory");
 }
-// The wait alone, for a hand-over of shared memory that the earlier groups read (no registers).
-template <int kPending>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
-}
 template <class D>
 __device__ __forceinline__ void wgmma_finish(D& d) {
   wgmma_wait<0>(d);
@@ -147,17 +142,6 @@ __device__ __forceinline__ void barrier_wait(uint64_t* b, int parity) {
         : "=r"(done)
         : "r"(shared_address(b)), "r"(parity)
         : "memory");
-}
-
-// Named barriers (ids 1–15; 0 is __syncthreads') between warpgroups of a block: `count` threads
-// meet, those that arrive going on at once. An arrival releases the thread's earlier shared-memory
-// accesses to the threads that sync on the same barrier, which acquire them (one warpgroup hands
-// data to another: it arrives, the other syncs, count = both warpgroups' threads).
-__device__ __forceinline__ void named_arrive(int id, int count) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
-}
-__device__ __forceinline__ void named_sync(int id, int count) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
 }
 
 // The producer's side of a ring of kStages shared-memory stages fed by cp.async (the FP8 kernels,
