@@ -61,6 +61,24 @@ struct TcGemvArgs {
 // Matrix q of the lane's product: the gate (or the one matrix), then the up.
 __device__ __forceinline__ const LinearView& matrix(const TcGemvArgs& a, int q) { return q == 0 ? a.W : a.up.W; }
 
+// K blocks in flight per lane beyond the one it sums, in a ring of registers: two for the kernels of
+// one matrix (a decoded token's products are latency-bound: ncu put wq_b's 33.5 MB at 1.86 TB/s with
+// one), one for the SwiGLU's pair, whose registers would not leave room for two blocks per SM.
+template <int kMats>
+constexpr int kDepth = kMats == 1 ? 2 : 1;
+
+// The lane's K blocks b = s, s + S, … < n in order, block b from ring slot d (the caller has loaded
+// blocks s + d·S into slot d, d < kDepth): step(d, b, refill) takes slot d's block b, refills the slot
+// with block `refill` if it is below n, then sums block b. Unrolled by kDepth, so the slots are
+// registers.
+template <int kD, class Step>
+__device__ __forceinline__ void for_k_blocks(int64_t s, int64_t S, int64_t n, Step step) {
+  for (int64_t b0 = s; b0 < n; b0 += kD * S)
+#pragma unroll
+    for (int d = 0; d < kD; ++d)
+      if (b0 + d * S < n) step(d, b0 + d * S, b0 + (d + kD) * S);
+}
+
 // One K block of 128 for the lane: its two rows' 16-byte words of both 64s (A), and its token's (B).
 struct WeightWords {
   uint4 lo[2], hi[2];
@@ -122,23 +140,29 @@ __global__ void __launch_bounds__(kWarps * 32) tc_gemv_kernel(TcGemvArgs a) {
   for (int e = 0; e < 2; ++e) src[e] = (m0 + min(2 * i + e, nt - 1)) / a.x_div;
 
   float acc[kMats][4] = {};
-  WeightWords next[kMats];
-  TokenWords next_x;
-  // Weights are never written by a kernel: the first block's are in flight while the previous
+  constexpr int kD = kDepth<kMats>;
+  WeightWords ahead[kD][kMats];
+  TokenWords ahead_x[kD];
+  // Weights are never written by a kernel: the first blocks' are in flight while the previous
   // kernel finishes.
-  if (s < n_blocks)
-    for (int q = 0; q < kMats; ++q) load_weights(next[q], lo[q], hi[q], 128 * s);
+#pragma unroll
+  for (int d = 0; d < kD; ++d)
+    if (s + d * S < n_blocks)
+#pragma unroll
+      for (int q = 0; q < kMats; ++q) load_weights(ahead[d][q], lo[q], hi[q], 128 * (s + d * S));
   await_previous_kernel();
-  if (s < n_blocks) load_x(next_x, x, has_token, 128 * s);
-  for (int64_t b = s; b < n_blocks; b += S) {
+#pragma unroll
+  for (int d = 0; d < kD; ++d)
+    if (s + d * S < n_blocks) load_x(ahead_x[d], x, has_token, 128 * (s + d * S));
+  for_k_blocks<kD>(s, S, n_blocks, [&](int d, int64_t b, int64_t refill) {
     WeightWords now[kMats];
-    TokenWords now_x = {next_x[0], next_x[1]};
+    TokenWords now_x = {ahead_x[d][0], ahead_x[d][1]};
 #pragma unroll
-    for (int q = 0; q < kMats; ++q) now[q] = next[q];
-    if (b + S < n_blocks) {
+    for (int q = 0; q < kMats; ++q) now[q] = ahead[d][q];
+    if (refill < n_blocks) {
 #pragma unroll
-      for (int q = 0; q < kMats; ++q) load_weights(next[q], lo[q], hi[q], 128 * (b + S));
-      load_x(next_x, x, has_token, 128 * (b + S));
+      for (int q = 0; q < kMats; ++q) load_weights(ahead[d][q], lo[q], hi[q], 128 * refill);
+      load_x(ahead_x[d], x, has_token, 128 * refill);
     }
     const float sx[2] = {__ldg(a.sx + b * a.n_src + src[0]), __ldg(a.sx + b * a.n_src + src[1])};
 #pragma unroll
@@ -149,7 +173,7 @@ __global__ void __launch_bounds__(kWarps * 32) tc_gemv_kernel(TcGemvArgs a) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[q][e] += c[e] * (sx[e % 2] * sw);  // §5: partial · (s_x · s_w)
     }
-  }
+  });
 #pragma unroll
   for (int q = 0; q < kMats; ++q)
 #pragma unroll
@@ -275,15 +299,18 @@ __global__ void __launch_bounds__(kWarps * 32) tc_gemv_fp4_kernel(TcGemvArgs a) 
   };
 
   float acc[kMats][2] = {};  // rows g, g + 8 (column 0; see the top)
-  Fp4Words next[kMats];
-  Fp4TokenWords next_x;
-  if (s < n_blocks) load(next, next_x, s);
-  for (int64_t b = s; b < n_blocks; b += S) {
+  constexpr int kD = kDepth<kMats>;
+  Fp4Words ahead[kD][kMats];
+  Fp4TokenWords ahead_x[kD];
+#pragma unroll
+  for (int d = 0; d < kD; ++d)
+    if (s + d * S < n_blocks) load(ahead[d], ahead_x[d], s + d * S);
+  for_k_blocks<kD>(s, S, n_blocks, [&](int d, int64_t b, int64_t refill) {
     Fp4Words now[kMats];
 #pragma unroll
-    for (int q = 0; q < kMats; ++q) now[q] = next[q];
-    const Fp4TokenWords now_x = next_x;
-    if (b + S < n_blocks) load(next, next_x, b + S);
+    for (int q = 0; q < kMats; ++q) now[q] = ahead[d][q];
+    const Fp4TokenWords now_x = ahead_x[d];
+    if (refill < n_blocks) load(ahead[d], ahead_x[d], refill);
     uint32_t factor[kMats][2];
 #pragma unroll
     for (int q = 0; q < kMats; ++q)
@@ -315,7 +342,7 @@ __global__ void __launch_bounds__(kWarps * 32) tc_gemv_fp4_kernel(TcGemvArgs a) 
       acc[q][0] += c[q][0] * now_x.sx;  // §5: the block's partial · s_x
       acc[q][1] += c[q][2] * now_x.sx;
     }
-  }
+  });
 #pragma unroll
   for (int q = 0; q < kMats; ++q) sums[warp][lane][2 * q] = acc[q][0], sums[warp][lane][2 * q + 1] = acc[q][1];
   __syncthreads();
