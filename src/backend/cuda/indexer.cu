@@ -112,7 +112,8 @@ __device__ inline uint64_t select_key(float score, int64_t w) {
 // Where a selection reads its candidates: for_each(f) calls f(key) for each, spread over the block.
 // A query's scores, keyed on the fly (the one-block path reads them from global memory), 16 bytes
 // a load (8 bf16 scores): the scores before the row's first 16-byte boundary and after its last
-// one alone.
+// one alone. Fewer scores than give every thread a load's worth are read one a thread (a decoded
+// token's few keys: every thread then holds one, where 16-byte loads would leave most idle).
 template <class S>
 struct ScoreKeys {
   const S* score;
@@ -120,6 +121,10 @@ struct ScoreKeys {
   template <class F>
   __device__ void for_each(F f) const {
     constexpr int kPerLoad = 16 / sizeof(S), kLoads = 2;  // a thread's loads in flight together
+    if (n < int64_t(kPerLoad) * blockDim.x) {
+      for_each_element(score, n, [&](S s, int64_t w) { f(select_key(score_value(s), w)); });
+      return;
+    }
     const int64_t head = min(n, int64_t((16 - reinterpret_cast<uintptr_t>(score) % 16) % 16 / sizeof(S)));
     const int64_t n_vectors = (n - head) / kPerLoad, tail = head + n_vectors * kPerLoad;
     for (int64_t w = threadIdx.x; w < head; w += blockDim.x) f(select_key(score_value(score[w]), w));
