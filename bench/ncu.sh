@@ -15,7 +15,11 @@
 #                                                  the first SKIP matching REGEX (matched against
 #                                                  the demangled name, template arguments included,
 #                                                  e.g. 'decode_logits_kernel<.*Kind.1>'); the
-#                                                  headline lines are printed, the whole report kept
+#                                                  headline lines are printed, the whole report kept;
+#                                                  SECTIONS="SpeedOfLight MemoryWorkloadAnalysis …"
+#                                                  profiles those sections only (fewer replays: the
+#                                                  whole set outran a 60 s limit on a prefill
+#                                                  attention launch)
 #
 # BENCH ARGS default to a decode at CTX tokens (1048544) of 4 synthetic V4-Flash layers after
 # --fill-state. Reports go to $OUT (default /tmp).
@@ -66,11 +70,13 @@ PY
     ;;
   full)
     report="$out/ncu_full_$(echo "$regex" | tr -c 'A-Za-z0-9_' '_' | cut -c1-40).txt"
-    timeout "${TIMEOUT:-300}" "$ncu" --set full --import-source no --cache-control none --clock-control none \
+    sections=(--set full)
+    if [ -n "${SECTIONS:-}" ]; then sections=(); for name in $SECTIONS; do sections+=(--section "$name"); done; fi
+    timeout "${TIMEOUT:-300}" "$ncu" "${sections[@]}" --import-source no --cache-control none --clock-control none \
       --kernel-name-base demangled --kernel-name "regex:$regex" --launch-skip "$skip" --launch-count 1 \
       build/dsv4 bench "${args[@]}" >"$report" 2>&1
     grep -q "No kernels were profiled" "$report" && { echo "no launch matched $regex (see $report)"; exit 1; }
-    grep -E "^  [a-z].*Context|Grid Size|Block Size|Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Issued Ipc|highest-utilized|Registers Per|Dynamic Shared Memory Per|Block Limit (Registers|Shared)|Theoretical Occ|Achieved Occ|No Eligible|Eligible Warps|Warp Cycles Per Issued|Executed Instructions  |L2 Hit|Local Memory Spilling Requests  " "$report"
+    grep -E "^  [a-z].*Context|Grid Size|Block Size|Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Issued Ipc|highest-utilized|Registers Per|Dynamic Shared Memory Per|Block Limit (Registers|Shared)|Theoretical Occ|Achieved Occ|No Eligible|Eligible Warps|Warp Cycles Per Issued|Executed Instructions  |L2 Hit|L2 Cache Throughput|L1/TEX Cache Throughput|Mem Busy|Max Bandwidth|Local Memory Spilling Requests  " "$report"
     echo "report: $report"
     ;;
   sass)
