@@ -92,15 +92,8 @@ __global__ void act_quant_kernel(const float* x, int64_t x_stride, int64_t K, in
   if (b >= n_k128) return;
   const int lane = threadIdx.x % 32;
   const int64_t k = b * 128 + 4 * lane;
-  const float* xr = x + m * x_stride;
   float v[4];
-  if (k + 4 <= K && reinterpret_cast<uintptr_t>(xr + k) % 16 == 0) {
-    const float4 f = *reinterpret_cast<const float4*>(xr + k);
-    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
-  } else {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) v[e] = k + e < K ? xr[k + e] : 0.0f;
-  }
+  lane_values(x + m * x_stride, k, K, v);
   const int e = block_scale_exp(v);
   float q[4];
 #pragma unroll

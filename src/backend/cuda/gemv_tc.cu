@@ -97,16 +97,7 @@ __device__ void quantize_rows(const TcGemvArgs& a, int n, Src src, uint8_t* code
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       const int64_t job = job0 + int64_t(u) * n_warps;
-      const float* xr = a.x + src(int(job / n_k128)) * a.x_stride + job % n_k128 * 128 + 4 * lane;
-      if (job >= n_jobs) {
-        v[u][0] = v[u][1] = v[u][2] = v[u][3] = 0.0f;
-      } else if (reinterpret_cast<uintptr_t>(xr) % 16 == 0) {
-        const float4 f = *reinterpret_cast<const float4*>(xr);
-        v[u][0] = f.x, v[u][1] = f.y, v[u][2] = f.z, v[u][3] = f.w;
-      } else {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) v[u][e] = xr[e];
-      }
+      if (job < n_jobs) lane_values(a.x + src(int(job / n_k128)) * a.x_stride, job % n_k128 * 128 + 4 * lane, a.K, v[u]);
     }
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {

@@ -18,6 +18,18 @@ __device__ inline float fp8_quantize(float x, int e) {
   return round_e4m3(v);
 }
 
+// Elements k … k + 3 of a row of K floats, zeros past K: a lane's share of a 128-block for
+// ActQuantFP8 (one 16-byte load where the address allows).
+__device__ inline void lane_values(const float* row, int64_t k, int64_t K, float (&v)[4]) {
+  if (k + 4 <= K && reinterpret_cast<uintptr_t>(row + k) % 16 == 0) {
+    const float4 f = *reinterpret_cast<const float4*>(row + k);
+    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v[e] = k + e < K ? row[k + e] : 0.0f;
+  }
+}
+
 // ActQuantFP8 of a 128-block a warp at a time, lane l holding its elements 4l … 4l + 3 (zeros past
 // K): the block's scale exponent (its scale is 2^e), from the warp's absolute maximum.
 __device__ inline int block_scale_exp(const float (&v)[4]) {
