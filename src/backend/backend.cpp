@@ -27,6 +27,14 @@ void Backend::hc_pre_norm(const model::HcParams& p, const float* w, const float*
   rms_norm(u, w, T, D, norm_eps, x);
 }
 
+void Backend::hc_post_pre_norm(const float* a, float* X, const float* post, const float* comb,
+                               const model::HcParams& p, const float* w, int64_t T, int64_t hc, int64_t D,
+                               int64_t sinkhorn_iters, double hc_eps, double norm_eps, float* u, float* post_out,
+                               float* comb_out, float* x) {
+  hc_post(a, X, post, comb, T, hc, D, X);
+  hc_pre_norm(p, w, X, T, hc, D, sinkhorn_iters, hc_eps, norm_eps, u, post_out, comb_out, x);
+}
+
 void Backend::grouped_linear(const model::Linear& W, Compute compute, const float* x, int64_t T, int64_t groups,
                              float* y) {
   DSV4_CHECK(groups > 0 && W.out % groups == 0, "{}: {} rows do not split into {} groups", W.name, W.out, groups);

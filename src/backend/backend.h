@@ -182,6 +182,14 @@ class Backend {
   // X_out may be X (updated in place).
   virtual void hc_post(const float* a, const float* X, const float* post, const float* comb, int64_t T,
                        int64_t hc, int64_t D, float* X_out) = 0;
+  // From one sublayer to the next: hc_post of the sublayer's output a into X (in place, with its
+  // post and comb), then hc_pre_norm of the next sublayer (p, w) on the new X, into u, post_out,
+  // comb_out and x. By definition the two calls (the default); a device backend may do both in one
+  // launch (at decode they are four kernels, mostly waiting on one another).
+  virtual void hc_post_pre_norm(const float* a, float* X, const float* post, const float* comb,
+                                const model::HcParams& p, const float* w, int64_t T, int64_t hc, int64_t D,
+                                int64_t sinkhorn_iters, double hc_eps, double norm_eps, float* u, float* post_out,
+                                float* comb_out, float* x);
   virtual void hc_head(const model::HcParams& p, const float* X, int64_t T, int64_t hc, int64_t D, double hc_eps,
                        double norm_eps, float* y) = 0;
 

@@ -52,8 +52,8 @@ void push_compressor(Backend& b, const model::CompressorWeights& cw, const Compr
 
 }  // namespace
 
-void Engine::attention_sublayer(const model::LayerWeights& lw, std::span<const Segment> segments, int64_t T,
-                                float* X, const Tracer* tracer) {
+Buffer Engine::attention_sublayer(const model::LayerWeights& lw, std::span<const Segment> segments, int64_t T,
+                                  const float* x, const Tracer* tracer) {
   const model::ModelConfig& c = config();
   const model::AttentionWeights& aw = lw.attn;
   const int64_t D = c.hidden_size, H = c.n_heads, hd = c.head_dim;
@@ -66,9 +66,6 @@ void Engine::attention_sublayer(const model::LayerWeights& lw, std::span<const S
     for (const Segment& s : segments)
       b.rope(x + s.row0 * group * stride, s.n, group, stride, rope, s.p0, 1, inverse);
   };
-
-  const SublayerInput in = enter_sublayer(lw.hc_attn, lw.attn_norm, X, T, tracer, l + ".hc_attn", l + ".attn.x");
-  const float* x = in.x.get();
 
   // Query path: low rank, q_norm, per-head weightless norm, RoPE on the last dims.
   Buffer qa(b, size_t(T * c.q_lora_rank)), qr(b, size_t(T * c.q_lora_rank)), q(b, size_t(T * H * hd));
@@ -156,8 +153,7 @@ void Engine::attention_sublayer(const model::LayerWeights& lw, std::span<const S
   b.grouped_linear(aw.wo_a, Compute::bf16, o.get(), T, G, z.get());
   b.linear(aw.wo_b, Compute::quantized, z.get(), T, out.get());
   trace(tracer, l + ".attn.out", out.get(), {T, D});
-
-  leave_sublayer(in, out.get(), X, T, tracer, l + ".hc_attn");
+  return out;
 }
 
 }  // namespace dsv4::engine

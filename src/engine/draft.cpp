@@ -66,9 +66,7 @@ std::vector<std::vector<float>> Engine::draft_batch(std::span<const DraftStep> s
   b.linear(mtp.h_proj, Compute::quantized, hn.get(), rows, ph.get());
   b.add(pe.get(), ph.get(), rows * D, X.get());
 
-  attention_sublayer(mtp.block, segments, T, X.get(), nullptr);
-  captured.flush();
-  moe_sublayer(mtp.block, ids.get(), T, X.get(), nullptr);
+  run_layers(std::span<const model::LayerWeights>(&mtp.block, 1), segments, ids.get(), T, X.get(), nullptr, captured);
   std::vector<LogitRows> wants;
   for (const DraftStep& s : steps) wants.push_back(s.logits);
   const DeviceLogits logits = segment_logits(segments, wants, X.get(), mtp.hc_head, mtp.norm, nullptr, "mtp.y",

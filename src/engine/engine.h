@@ -18,6 +18,8 @@
 
 namespace dsv4::engine {
 
+class CapturedStep;
+
 // A checkpoint folder opened, validated and bound: config, mapped tensors, weights.
 class Model {
  public:
@@ -116,9 +118,16 @@ class Engine {
     SequenceState* seq;
     int64_t row0, n, p0;
   };
-  void attention_sublayer(const model::LayerWeights& lw, std::span<const Segment> segments, int64_t T, float* X,
-                          const Tracer* tracer);
-  void moe_sublayer(const model::LayerWeights& lw, const int32_t* tokens, int64_t T, float* X, const Tracer* tracer);
+  // The layers' sublayers in order (each layer's attention, then its MoE) over the batch's hc
+  // streams X ([T, hc, D]); tokens are the rows' ids (hash routing). captured.flush() follows every
+  // sublayer but the last.
+  void run_layers(std::span<const model::LayerWeights> layers, std::span<const Segment> segments,
+                  const int32_t* tokens, int64_t T, float* X, const Tracer* tracer, CapturedStep& captured);
+  // A sublayer's output [T, D] from its input x [T, D].
+  Buffer attention_sublayer(const model::LayerWeights& lw, std::span<const Segment> segments, int64_t T,
+                            const float* x, const Tracer* tracer);
+  Buffer moe_sublayer(const model::LayerWeights& lw, const int32_t* tokens, int64_t T, const float* x,
+                      const Tracer* tracer);
   // Rejects bad tokens, positions past the model's limit and a sequence given twice.
   void validate(std::span<const Step> steps) const;
   // Keeps a drafting sequence's final hc rows of a step ([tokens, hc, D]) and its tokens for draft().
@@ -137,14 +146,27 @@ class Engine {
   std::vector<std::vector<float>> read_logits(const DeviceLogits& logits);
 
   // Every sublayer is wrapped the same way (§3.2): mHC pre collapses the hc streams into the
-  // normalised sublayer input x; mHC post mixes the sublayer output back into the streams.
-  struct SublayerInput {
-    Buffer post, comb, x;
+  // normalised sublayer input x; mHC post mixes the sublayer output back into the streams. A
+  // sublayer's wrapping is its mHC parameters, its input norm and its names in traces.
+  struct SublayerWrap {
+    const model::HcParams& hc;
+    const std::vector<float>& norm;
+    std::string hc_name, x_name;
   };
-  SublayerInput enter_sublayer(const model::HcParams& hc, const std::vector<float>& norm, const float* X, int64_t T,
-                               const Tracer* tracer, const std::string& hc_name, const std::string& x_name);
-  void leave_sublayer(const SublayerInput& in, const float* out, float* X, int64_t T, const Tracer* tracer,
-                      const std::string& hc_name);
+  struct SublayerInput {
+    Buffer u, post, comb, x;  // (u, the collapsed streams before the norm, only for traces)
+  };
+  // The first sublayer's input from X.
+  SublayerInput enter_sublayer(const SublayerWrap& wrap, const float* X, int64_t T, const Tracer* tracer);
+  // The output of the sublayer that ran on `in` (wrapped as `here`) joins X; then the input of the
+  // sublayer `next`, from the new X: one backend op.
+  SublayerInput pass_sublayer(const SublayerInput& in, const float* out, const SublayerWrap& here,
+                              const SublayerWrap& next, float* X, int64_t T, const Tracer* tracer);
+  // The last sublayer's output joins X.
+  void leave_sublayer(const SublayerInput& in, const float* out, const SublayerWrap& here, float* X, int64_t T,
+                      const Tracer* tracer);
+  SublayerInput new_sublayer_input(int64_t T);
+  void trace_sublayer_input(const Tracer* tracer, const SublayerWrap& wrap, const SublayerInput& in, int64_t T);
   // Writes a backend buffer to the tracer (no-op without one).
   void trace(const Tracer* tracer, const std::string& name, const float* data, std::vector<int64_t> shape);
 

@@ -1,6 +1,6 @@
 // The forward pass as a story (architecture.md §3.1–§3.2): embed into hc streams, then per layer an
-// attention sublayer and a MoE sublayer, each wrapped in mHC pre/post; finally the HC head, the
-// norm and the LM head. Layer-major: a chunk of tokens passes through one layer before the next.
+// attention sublayer and a MoE sublayer, each wrapped in mHC pre/post (one sublayer's post and the
+// next one's pre are one op); finally the HC head, the norm and the LM head. Layer-major: a chunk of tokens passes through one layer before the next.
 // A batch is several sequences' chunks as one set of rows (forward_batch); forward() is a batch of one.
 #include <cmath>
 
@@ -75,12 +75,7 @@ std::vector<std::vector<float>> Engine::forward_batch(std::span<const Step> step
   Buffer X(b, size_t(T * hc * D));
   b.embed(w.embed, ids.get(), T, hc, X.get());
 
-  for (const model::LayerWeights& lw : w.layers) {
-    attention_sublayer(lw, segments, T, X.get(), tracer);
-    captured.flush();
-    moe_sublayer(lw, ids.get(), T, X.get(), tracer);
-    captured.flush();
-  }
+  run_layers(w.layers, segments, ids.get(), T, X.get(), tracer, captured);
   std::vector<LogitRows> wants;
   for (const Step& s : steps) wants.push_back(s.logits);
   const DeviceLogits logits = segment_logits(segments, wants, X.get(), w.hc_head, w.norm, tracer, "final.y", "logits");
@@ -154,45 +149,87 @@ std::vector<float> Engine::prefill(SequenceState& seq, std::span<const int32_t> 
   return out;
 }
 
-Engine::SublayerInput Engine::enter_sublayer(const model::HcParams& hc, const std::vector<float>& norm,
-                                             const float* X, int64_t T, const Tracer* tracer,
-                                             const std::string& hc_name, const std::string& x_name) {
-  const model::ModelConfig& c = config();
-  const int64_t D = c.hidden_size, n_hc = c.hc_mult;
+void Engine::run_layers(std::span<const model::LayerWeights> layers, std::span<const Segment> segments,
+                        const int32_t* tokens, int64_t T, float* X, const Tracer* tracer, CapturedStep& captured) {
+  // Sublayer i is layer i/2's attention (i even) or MoE (i odd).
+  auto wrap = [&](size_t i) {
+    const model::LayerWeights& lw = layers[i / 2];
+    const std::string l = "l" + std::to_string(lw.il);
+    return i % 2 == 0 ? SublayerWrap{lw.hc_attn, lw.attn_norm, l + ".hc_attn", l + ".attn.x"}
+                      : SublayerWrap{lw.hc_ffn, lw.ffn_norm, l + ".hc_ffn", l + ".ffn.x"};
+  };
+  const size_t n = 2 * layers.size();
+  if (n == 0) return;
+  SublayerInput in = enter_sublayer(wrap(0), X, T, tracer);
+  for (size_t i = 0; i < n; ++i) {
+    const model::LayerWeights& lw = layers[i / 2];
+    const Buffer out = i % 2 == 0 ? attention_sublayer(lw, segments, T, in.x.get(), tracer)
+                                  : moe_sublayer(lw, tokens, T, in.x.get(), tracer);
+    if (i + 1 == n) {
+      leave_sublayer(in, out.get(), wrap(i), X, T, tracer);
+      break;
+    }
+    in = pass_sublayer(in, out.get(), wrap(i), wrap(i + 1), X, T, tracer);
+    captured.flush();
+  }
+}
+
+Engine::SublayerInput Engine::new_sublayer_input(int64_t T) {
+  const int64_t D = config().hidden_size, n_hc = config().hc_mult;
   Backend& b = *backend_;
-  SublayerInput in{Buffer(b, size_t(T * n_hc)), Buffer(b, size_t(T * n_hc * n_hc)), Buffer(b, size_t(T * D))};
-  Buffer u(b, size_t(T * D));
-  b.hc_pre_norm(hc, norm.data(), X, T, n_hc, D, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, u.get(),
-                in.post.get(), in.comb.get(), in.x.get());
-  trace(tracer, hc_name + ".u", u.get(), {T, D});
-  trace(tracer, hc_name + ".post", in.post.get(), {T, n_hc});
-  trace(tracer, hc_name + ".comb", in.comb.get(), {T, n_hc, n_hc});
-  trace(tracer, x_name, in.x.get(), {T, D});
+  return {Buffer(b, size_t(T * D)), Buffer(b, size_t(T * n_hc)), Buffer(b, size_t(T * n_hc * n_hc)),
+          Buffer(b, size_t(T * D))};
+}
+
+void Engine::trace_sublayer_input(const Tracer* tracer, const SublayerWrap& wrap, const SublayerInput& in, int64_t T) {
+  const int64_t D = config().hidden_size, n_hc = config().hc_mult;
+  trace(tracer, wrap.hc_name + ".u", in.u.get(), {T, D});
+  trace(tracer, wrap.hc_name + ".post", in.post.get(), {T, n_hc});
+  trace(tracer, wrap.hc_name + ".comb", in.comb.get(), {T, n_hc, n_hc});
+  trace(tracer, wrap.x_name, in.x.get(), {T, D});
+}
+
+Engine::SublayerInput Engine::enter_sublayer(const SublayerWrap& wrap, const float* X, int64_t T,
+                                             const Tracer* tracer) {
+  const model::ModelConfig& c = config();
+  SublayerInput in = new_sublayer_input(T);
+  backend_->hc_pre_norm(wrap.hc, wrap.norm.data(), X, T, c.hc_mult, c.hidden_size, c.hc_sinkhorn_iters, c.hc_eps,
+                        c.rms_norm_eps, in.u.get(), in.post.get(), in.comb.get(), in.x.get());
+  trace_sublayer_input(tracer, wrap, in, T);
   return in;
 }
 
-void Engine::leave_sublayer(const SublayerInput& in, const float* out, float* X, int64_t T, const Tracer* tracer,
-                            const std::string& hc_name) {
-  const int64_t D = config().hidden_size, n_hc = config().hc_mult;
-  Backend& b = *backend_;
-  b.hc_post(out, X, in.post.get(), in.comb.get(), T, n_hc, D, X);  // in place
-  trace(tracer, hc_name + ".X", X, {T, n_hc, D});
+Engine::SublayerInput Engine::pass_sublayer(const SublayerInput& in, const float* out, const SublayerWrap& here,
+                                            const SublayerWrap& next, float* X, int64_t T, const Tracer* tracer) {
+  const model::ModelConfig& c = config();
+  SublayerInput next_in = new_sublayer_input(T);
+  backend_->hc_post_pre_norm(out, X, in.post.get(), in.comb.get(), next.hc, next.norm.data(), T, c.hc_mult,
+                             c.hidden_size, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, next_in.u.get(),
+                             next_in.post.get(), next_in.comb.get(), next_in.x.get());
+  trace(tracer, here.hc_name + ".X", X, {T, c.hc_mult, c.hidden_size});
+  trace_sublayer_input(tracer, next, next_in, T);
+  return next_in;
 }
 
-// MoE sublayer (§3.2, §3.6): X ← HCPost(MoE(RMSNorm(HCPre(X))), X).
-void Engine::moe_sublayer(const model::LayerWeights& lw, const int32_t* tokens, int64_t T, float* X,
-                          const Tracer* tracer) {
+void Engine::leave_sublayer(const SublayerInput& in, const float* out, const SublayerWrap& here, float* X, int64_t T,
+                            const Tracer* tracer) {
+  const int64_t D = config().hidden_size, n_hc = config().hc_mult;
+  backend_->hc_post(out, X, in.post.get(), in.comb.get(), T, n_hc, D, X);  // in place
+  trace(tracer, here.hc_name + ".X", X, {T, n_hc, D});
+}
+
+// MoE sublayer (§3.6): routing, then the routed experts and the shared expert.
+Buffer Engine::moe_sublayer(const model::LayerWeights& lw, const int32_t* tokens, int64_t T, const float* x,
+                            const Tracer* tracer) {
   const model::ModelConfig& c = config();
   const int64_t D = c.hidden_size, k = c.n_experts_per_tok;
-  const std::string l = "l" + std::to_string(lw.il);
   Backend& b = *backend_;
-  const SublayerInput in = enter_sublayer(lw.hc_ffn, lw.ffn_norm, X, T, tracer, l + ".hc_ffn", l + ".ffn.x");
   Buffer out(b, size_t(T * D)), weights(b, size_t(T * k));
   IdBuffer sel(b, size_t(T * k));
-  b.route(lw.ffn, in.x.get(), tokens, T, D, k, c.routed_scaling_factor, sel.get(), weights.get());
-  b.moe(lw.ffn, in.x.get(), sel.get(), weights.get(), T, D, k, c.swiglu_limit, out.get());
-  trace(tracer, l + ".ffn.out", out.get(), {T, D});
-  leave_sublayer(in, out.get(), X, T, tracer, l + ".hc_ffn");
+  b.route(lw.ffn, x, tokens, T, D, k, c.routed_scaling_factor, sel.get(), weights.get());
+  b.moe(lw.ffn, x, sel.get(), weights.get(), T, D, k, c.swiglu_limit, out.get());
+  trace(tracer, "l" + std::to_string(lw.il) + ".ffn.out", out.get(), {T, D});
+  return out;
 }
 
 }  // namespace dsv4::engine

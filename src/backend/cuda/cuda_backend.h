@@ -141,6 +141,9 @@ class CudaBackend final : public Backend {
   void hc_pre_norm(const model::HcParams& p, const float* w, const float* X, int64_t T, int64_t hc, int64_t D,
                    int64_t sinkhorn_iters, double hc_eps, double norm_eps, float* u, float* post, float* comb,
                    float* x) override;
+  void hc_post_pre_norm(const float* a, float* X, const float* post, const float* comb, const model::HcParams& p,
+                        const float* w, int64_t T, int64_t hc, int64_t D, int64_t sinkhorn_iters, double hc_eps,
+                        double norm_eps, float* u, float* post_out, float* comb_out, float* x) override;
   void hc_post(const float* a, const float* X, const float* post, const float* comb, int64_t T, int64_t hc,
                int64_t D, float* X_out) override;
   void hc_head(const model::HcParams& p, const float* X, int64_t T, int64_t hc, int64_t D, double hc_eps,
@@ -289,6 +292,8 @@ class CudaBackend final : public Backend {
   // The GEMV's arrival counts when it splits K (gemm.cu): one per output block of a grid of fewer
   // than 2·sm_count_ of them, zero between products.
   unsigned* part_arrivals_ = nullptr;
+  // The word of the grid barriers of kernels whose blocks all run at once (grid_barrier.cuh).
+  unsigned* grid_barrier_ = nullptr;
   // The indexer top-k's threshold path (indexer.cu), kept between selections: per query of a
   // decode step its key counts (zero between selections: each clears what it counted), its
   // threshold and its listed keys. At most 127 queries take that path: 37 MiB.

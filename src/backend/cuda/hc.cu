@@ -16,10 +16,14 @@
 // its one block per token does it, the norm's mean a block reduction after the collapse (at
 // decode it stays hc_pre then rms_norm: see hc_pre_norm).
 // hc_post: a thread per 4 d of a token, all hc streams (in place: the engine passes X_out = X).
+// hc_post_pre_norm at decode: one launch for hc_post, the mix product, hc_pre and the norm, whose
+// blocks meet at grid barriers (hc_step_kernel); an H100 ran them as four launches of ≈ 32 µs in
+// all per sublayer boundary (a decoded token at 4K: 5.2 + 7.0 + 14 + 5.9 µs).
 #include <algorithm>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/grid_barrier.cuh"
 #include "backend/cuda/launch.cuh"
 
 namespace dsv4::cuda {
@@ -69,18 +73,18 @@ __device__ float sinkhorn(float m, int hc, int64_t iters, float eps) {
   return m;
 }
 
-// u[t] = Σ_h pre_h · X[t, h] over dims [d_begin, d_end) of D (sequential over h, in double,
-// rounded once), by `workers` threads of which this is number `worker`. Returns the sum of the
-// written u² (in double), this thread's share of the input norm's mean.
-__device__ double collapse(const float* x, const double (&pre)[kMaxHc], int hc, int64_t D, int64_t d_begin,
-                           int64_t d_end, int worker, int workers, bool bf16, float* u) {
+// u[d] = Σ_h pre_h · x[h·stride + d] for d < n (sequential over h, in double, rounded once), by
+// `workers` threads of which this is number `worker`. Returns the sum of the written u² (in
+// double), this thread's share of the input norm's mean.
+__device__ double collapse(const float* x, int64_t stride, const double (&pre)[kMaxHc], int hc, int64_t n, int worker,
+                           int workers, bool bf16, float* u) {
   double squares = 0.0;
 #pragma unroll 4
-  for (int64_t d = d_begin + worker; d < d_end; d += workers) {
+  for (int64_t d = worker; d < n; d += workers) {
     double acc = 0.0;
 #pragma unroll
     for (int h = 0; h < kMaxHc; ++h)
-      if (h < hc) acc += pre[h] * double(x[h * D + d]);
+      if (h < hc) acc += pre[h] * double(x[h * stride + d]);
     const float v = round_if(bf16, float(acc));
     u[d] = v;
     squares += double(v) * double(v);
@@ -104,6 +108,16 @@ __device__ inline void pre_gates(const HcArgs& a, const float* m, float rs, doub
     pre[h] = h < a.hc ? double(sigmoid_f(m[h] * rs * a.scale0 + a.base[h]) + a.hc_eps) : 0.0;
 }
 
+// The post gates and the Sinkhorn-projected comb of token t (mix row m, stream RMS inverse rs),
+// written by the 32 lanes of one warp.
+__device__ inline void post_and_comb(const HcArgs& a, const float* m, float rs, int64_t t, float* post, float* comb) {
+  const int hc = a.hc, e = threadIdx.x % 32;
+  if (e < hc) post[t * hc + e] = 2.0f * sigmoid_f(m[hc + e] * rs * a.scale1 + a.base[hc + e]);
+  const float logit = e < hc * hc ? m[2 * hc + e] * rs * a.scale2 + a.base[2 * hc + e] : 0.0f;
+  const float projected = sinkhorn(logit, hc, a.sinkhorn_iters, a.hc_eps);
+  if (e < hc * hc) comb[t * hc * hc + e] = projected;
+}
+
 // Grid (T, parts). parts > 1: block (t, s < parts − 1) writes u over the s-th slice of D, block
 // (t, parts − 1) the post gates and the Sinkhorn in its warp 0. parts = 1: the one block does both,
 // u by its warps after the first. Each block finds the stream RMS itself. With a norm weight w
@@ -123,10 +137,7 @@ __global__ void __launch_bounds__(kTokenThreads) hc_pre_kernel(HcArgs a, const f
   const bool gates_block = int(blockIdx.y) == parts - 1, sinkhorn_warp = gates_block && e < 32;
   double squares = 0.0;
   if (sinkhorn_warp) {
-    if (e < hc) post[t * hc + e] = 2.0f * sigmoid_f(m[hc + e] * rs * a.scale1 + a.base[hc + e]);
-    const float logit = e < hc * hc ? m[2 * hc + e] * rs * a.scale2 + a.base[2 * hc + e] : 0.0f;
-    const float projected = sinkhorn(logit, hc, a.sinkhorn_iters, a.hc_eps);
-    if (e < hc * hc) comb[t * hc * hc + e] = projected;
+    post_and_comb(a, m, rs, t, post, comb);
     if (!w) return;
   } else {
     if (gates_block && parts > 1) return;
@@ -134,8 +145,8 @@ __global__ void __launch_bounds__(kTokenThreads) hc_pre_kernel(HcArgs a, const f
     pre_gates(a, m, rs, pre);
     const int slices = parts > 1 ? parts - 1 : 1, first = gates_block ? 32 : 0;  // (threads before first: the Sinkhorn)
     const int64_t per = (a.D + slices - 1) / slices, d_begin = blockIdx.y * per;
-    squares = collapse(x, pre, hc, a.D, d_begin, min(a.D, d_begin + per), e - first, int(blockDim.x) - first, a.bf16,
-                       u + t * a.D);
+    squares = collapse(x + d_begin, a.D, pre, hc, min(a.D, d_begin + per) - d_begin, e - first,
+                       int(blockDim.x) - first, a.bf16, u + t * a.D + d_begin);
     if (!w) return;
   }
   // The norm (parts = 1, every thread of the block here): the collapse's threads reread their d.
@@ -155,7 +166,7 @@ __global__ void __launch_bounds__(kTokenThreads) hc_head_kernel(HcArgs a, const 
   const float rs = stream_rms_inverse(x, hc * a.D, a.norm_eps, scratch);
   double pre[kMaxHc];
   pre_gates(a, mix + t * hc, rs, pre);
-  collapse(x, pre, hc, a.D, 0, a.D, int(threadIdx.x), int(blockDim.x), a.bf16, y + t * a.D);
+  collapse(x, a.D, pre, hc, a.D, int(threadIdx.x), int(blockDim.x), a.bf16, y + t * a.D);
 }
 
 // X'[t, k, d] = post_k · a[t, d] + Σ_j comb[j, k] · X[t, j, d]. Grid (T, groups of D): a thread
@@ -196,6 +207,119 @@ __global__ void __launch_bounds__(kPostThreads) hc_post_kernel(const float* a, c
   }
 }
 
+// From one sublayer to the next at decode (hc_post_pre_norm): hc_post, the next sublayer's mix
+// product, hc_pre and its input norm in one launch, across two grid barriers (grid_barrier.cuh).
+// Grid (slices + 1, T): block (s < slices, t) owns dims [s·per, s·per + per) of token t on every
+// stream; block (slices, t) makes the token's post gates and comb.
+//   1. Slice blocks: X' = hc_post over the slice, kept in shared memory and written over X; the
+//      slice's partial sums of the mix product x·fnᵀ and of X'² (doubles) into `partials`.
+//   2. After the barrier, every block: the token's mix and stream RMS from the partials, summed in
+//      slice order. The gates block: post and comb (then it is done). Slice blocks: u over the
+//      slice (collapse), its partial Σu².
+//   3. After the second barrier (the gates block arrives at it without waiting), slice blocks:
+//      the norm's mean from the partials in slice order, x = w·(u·inv) over the slice.
+// Each value is computed as hc_post_kernel, the GEMV's double path (an exact sum of exact products,
+// rounded once), hc_pre_kernel and rms_norm_kernel compute it: only the order of the double sums
+// differs (device_math.cuh). The slice's rows of fn, a weight, are fetched into L2 before the
+// previous kernel is awaited.
+constexpr int kStepThreads = 256;
+constexpr int kMaxMix = (2 + kMaxHc) * kMaxHc;
+struct HcStepArgs {
+  HcArgs pre;  // the next sublayer's mHC pre
+  const float* fn;  // its mix weights, fp32 [mix_n, hc·D]
+  const float* w;   // its input norm's weight
+  const float *a, *post, *comb;  // the output of the sublayer left and its gates
+  float *X, *u, *post_out, *comb_out, *x;
+  double* partials;  // [T, slices, mix_n + 1] for step 1, then [T, slices] for step 2
+  unsigned* barrier;
+  int64_t per;  // dims per slice
+};
+
+// Asks for the lines of [p, p + bytes) in L2 without waiting (every address it names is inside the
+// range).
+__device__ inline void prefetch_l2(const float* p, int64_t bytes) {
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p), end = begin + uintptr_t(bytes);
+  for (uintptr_t line = begin & ~uintptr_t(127); line < end; line += 128)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(line < begin ? begin : line));
+}
+
+__global__ void __launch_bounds__(kStepThreads) hc_step_kernel(HcStepArgs s) {
+  extern __shared__ float xs[];  // [hc][per]: X' over the block's slice
+  __shared__ double scratch[32];
+  __shared__ float mix[kMaxMix], norm_inv[2];  // the token's mix row; 1/RMS of its streams, of u
+  const HcArgs& a = s.pre;
+  const int hc = a.hc, e = threadIdx.x, warp = e / 32, lane = e % 32, warps = int(blockDim.x) / 32;
+  const int slices = int(gridDim.x) - 1, slice = int(blockIdx.x);
+  const unsigned block = blockIdx.y * gridDim.x + blockIdx.x, blocks = gridDim.x * gridDim.y;
+  const bool gates = slice == slices;
+  const int64_t t = blockIdx.y, D = a.D, mix_n = a.mix_n, d0 = slice * s.per;
+  const int64_t nd = gates ? 0 : min(s.per, D - d0);  // dims of the slice
+  const int n = int(hc * nd);                           // its values on every stream
+  for (int64_t r = e; r < mix_n * hc; r += blockDim.x) prefetch_l2(s.fn + r * D + d0, nd * int64_t(sizeof(float)));
+  await_previous_kernel();
+  double* part = s.partials + t * slices * (mix_n + 1);                    // [slices][mix_n + 1]
+  double* part_u = s.partials + int64_t(gridDim.y) * slices * (mix_n + 1) + t * slices;  // [slices]
+
+  if (!gates) {
+    const float *post = s.post + t * hc, *comb = s.comb + t * hc * hc, *act = s.a + t * D + d0;
+    float* X = s.X + t * hc * D + d0;
+    for (int i = e; i < n; i += blockDim.x) {
+      const int k = i / int(nd), d = i - k * int(nd);
+      double acc = double(post[k]) * double(act[d]);
+      for (int j = 0; j < hc; ++j) acc += double(comb[j * hc + k]) * double(X[j * D + d]);
+      xs[k * s.per + d] = round_if(a.bf16, float(acc));
+    }
+    __syncthreads();  // every read of X is done: X' may go over it
+    double squares = 0.0;
+    for (int i = e; i < n; i += blockDim.x) {
+      const int k = i / int(nd), d = i - k * int(nd);
+      const float v = xs[k * s.per + d];
+      X[k * D + d] = v;
+      squares += double(v) * double(v);
+    }
+    squares = block_sum(squares, scratch);
+    if (e == 0) part[slice * (mix_n + 1) + mix_n] = squares;
+    for (int64_t m = warp; m < mix_n; m += warps) {  // a warp per mix row
+      const float* fn = s.fn + m * hc * D + d0;
+      double acc = 0.0;
+      for (int k = 0; k < hc; ++k)
+        for (int d = lane; d < nd; d += 32) acc += double(fn[k * D + d]) * double(xs[k * s.per + d]);
+      acc = warp_sum(acc);
+      if (lane == 0) part[slice * (mix_n + 1) + m] = acc;
+    }
+  }
+  grid_sync(s.barrier, block, blocks);
+
+  if (e <= mix_n) {
+    double sum = 0.0;
+    for (int q = 0; q < slices; ++q) sum += __ldcg(part + q * (mix_n + 1) + e);
+    if (e < mix_n) mix[e] = float(sum);
+    else norm_inv[0] = rsqrt_f(float(sum / double(hc * D)) + a.norm_eps);
+  }
+  __syncthreads();
+  const float rs = norm_inv[0];
+  if (gates) {
+    if (e == 0) grid_arrive(s.barrier, block, blocks);  // nothing after this block's gates waits for them
+    if (warp == 0) post_and_comb(a, mix, rs, t, s.post_out, s.comb_out);
+    return;
+  }
+  double pre[kMaxHc];
+  pre_gates(a, mix, rs, pre);
+  float* u = s.u + t * D + d0;
+  const double squares = block_sum(collapse(xs, s.per, pre, hc, nd, e, blockDim.x, a.bf16, u), scratch);
+  if (e == 0) part_u[slice] = squares;
+  grid_sync(s.barrier, block, blocks);
+
+  if (e == 0) {
+    double sum = 0.0;
+    for (int q = 0; q < slices; ++q) sum += __ldcg(part_u + q);
+    norm_inv[1] = rsqrt_f(float(sum / double(D)) + a.norm_eps);
+  }
+  __syncthreads();
+  const float inv = norm_inv[1];
+  for (int64_t d = e; d < nd; d += blockDim.x) s.x[t * D + d0 + d] = round_if(a.bf16, s.w[d0 + d] * (u[d] * inv));
+}
+
 }  // namespace
 
 void CudaBackend::hc_pre(const model::HcParams& p, const float* X, int64_t T, int64_t hc, int64_t D,
@@ -217,6 +341,45 @@ void CudaBackend::hc_pre_norm(const model::HcParams& p, const float* w, const fl
   // w is a model weight (host memory): its device copy, uploaded once.
   const float* dw = static_cast<const float*>(upload(w, size_t(D) * sizeof(float)));
   launch_hc_pre(p, dw, X, T, hc, D, sinkhorn_iters, hc_eps, norm_eps, u, post, comb, x);
+}
+
+void CudaBackend::hc_post_pre_norm(const float* a, float* X, const float* post, const float* comb,
+                                   const model::HcParams& p, const float* w, int64_t T, int64_t hc, int64_t D,
+                                   int64_t sinkhorn_iters, double hc_eps, double norm_eps, float* u, float* post_out,
+                                   float* comb_out, float* x) {
+  // One launch for a few tokens (each block reads its slice of fn once per token); else hc_post,
+  // then hc_pre_norm. Slices of at least kMinSliceDims dims, one block per SM at most in all (see
+  // grid_barrier.cuh), X' of a slice in shared memory.
+  constexpr int64_t kMaxTokens = 8, kMinSliceDims = 128;
+  const int64_t mix_n = p.fn.out;
+  const int64_t slices = std::min<int64_t>(sm_count_ / std::max<int64_t>(T, 1) - 1, (D + kMinSliceDims - 1) / kMinSliceDims);
+  const int64_t per = slices > 0 ? (D + slices - 1) / slices : 0;
+  const size_t smem = size_t(hc * per) * sizeof(float);
+  if (T > kMaxTokens || slices < 1 || p.fn.format != model::WeightFormat::f32 || hc > kMaxHc ||
+      mix_n != (2 + hc) * hc || smem > 96 * 1024)
+    return Backend::hc_post_pre_norm(a, X, post, comb, p, w, T, hc, D, sinkhorn_iters, hc_eps, norm_eps, u, post_out,
+                                     comb_out, x);
+  Timed timed(*this, "hc_post_pre_norm");
+  if (T == 0) return;
+  DSV4_CUDA_REQUIRE(w != nullptr && p.scale.size() >= 3 && int64_t(p.base.size()) >= mix_n && post_out != post &&
+                        comb_out != comb,
+                    "hc_post_pre_norm: hc ", hc, ", fn rows ", mix_n, ", base ", p.base.size(), ", scale ",
+                    p.scale.size(), w ? "" : ", no norm weight", post_out == post || comb_out == comb ? ", gates in place" : "");
+  const int64_t slices_used = (D + per - 1) / per;  // (rounding per up may leave the last slice empty)
+  DeviceArray<double> partials(memory_, size_t(T * slices_used * (mix_n + 2)));
+  HcStepArgs s{};
+  s.pre = HcArgs{device_floats(p.base), p.scale[0], p.scale[1], p.scale[2], int(hc), D, mix_n, sinkhorn_iters,
+                 float(hc_eps), float(norm_eps), deepseek()};
+  s.fn = reinterpret_cast<const float*>(device_linear(p.fn).data);
+  s.w = static_cast<const float*>(upload(w, size_t(D) * sizeof(float)));  // a model weight: uploaded once
+  s.a = a, s.post = post, s.comb = comb;
+  s.X = X, s.u = u, s.post_out = post_out, s.comb_out = comb_out, s.x = x;
+  s.partials = partials.get();
+  s.barrier = grid_barrier_;
+  s.per = per;
+  allow_shared_memory(reinterpret_cast<const void*>(hc_step_kernel), smem, "hc_post_pre_norm");
+  launch(hc_step_kernel, dim3(unsigned(slices_used + 1), unsigned(T)), kStepThreads, smem, stream_, s);
+  DSV4_CUDA_LAUNCHED("hc_post_pre_norm");
 }
 
 void CudaBackend::launch_hc_pre(const model::HcParams& p, const float* w, const float* X, int64_t T, int64_t hc,

@@ -52,6 +52,7 @@ CudaBackend::CudaBackend(Numerics numerics) : Backend(numerics) {
   DSV4_CUDA_CHECK(cudaGetDevice(&device));
   DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
   part_arrivals_ = static_cast<unsigned*>(memory_.alloc_zeroed_now(2 * size_t(sm_count_) * sizeof(unsigned)));
+  grid_barrier_ = static_cast<unsigned*>(memory_.alloc_zeroed_now(sizeof(unsigned)));
   DSV4_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&flags_), sizeof(DeviceFlags), cudaHostAllocMapped));
   *flags_ = DeviceFlags{};
   if (numerics == Numerics::deepseek_tc) tensor_cores_ = std::make_unique<TensorCoreGemm>();
@@ -74,6 +75,7 @@ CudaBackend::~CudaBackend() {
   for (auto& [host, dev] : uploads_) cudaFree(dev.first);
   for (auto& [key, table] : tables_) cudaFree(table);
   if (part_arrivals_) cudaFree(part_arrivals_);
+  if (grid_barrier_) cudaFree(grid_barrier_);
 }
 
 void CudaBackend::allow_shared_memory(const void* kernel, size_t bytes, const char* what) {
