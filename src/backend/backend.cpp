@@ -27,6 +27,19 @@ void Backend::hc_pre_norm(const model::HcParams& p, const float* w, const float*
   rms_norm(u, w, T, D, norm_eps, x);
 }
 
+void Backend::head_norm_rope(float* q, int64_t T, int64_t H, int64_t hd, double eps, const RopeFreqs& freqs,
+                             int64_t p0) {
+  head_norm(q, T * H, hd, eps);
+  rope(q, T, H, hd, freqs, p0, 1, false);
+}
+
+void Backend::kv_norm_rope_fp8(const float* x, const float* w, int64_t rows, int64_t hd, double eps,
+                               const RopeFreqs& freqs, int64_t p0, int64_t pos_step, int64_t nope, float* y) {
+  rms_norm(x, w, rows, hd, eps, y);
+  rope(y, rows, 1, hd, freqs, p0, pos_step, false);
+  kv_fp8_sim(y, rows, hd, nope);
+}
+
 void Backend::hc_post_pre_norm(const float* a, float* X, const float* post, const float* comb,
                                const model::HcParams& p, const float* w, int64_t T, int64_t hc, int64_t D,
                                int64_t sinkhorn_iters, double hc_eps, double norm_eps, float* u, float* post_out,

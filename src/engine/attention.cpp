@@ -33,20 +33,18 @@ CompressorInput project_compressor(Backend& b, const model::CompressorWeights& c
 }
 
 // Pushes one sequence's rows through its compressor carry and finishes every completed window:
-// RMSNorm, RoPE at the window start (ratio·w), then `quantize` (the FP8 or FP4 simulation).
-// Appends the finished rows to `store`.
-template <class Quantize>
+// finish(pooled, m, pos0, rows) makes the m finished rows (RMSNorm, RoPE at the window start ratio·w
+// from pos0 in steps of ratio, then the FP8 or FP4 simulation) out of the m pooled ones. Appends
+// them to `store`.
+template <class Finish>
 void push_compressor(Backend& b, const model::CompressorWeights& cw, const CompressorInput& in, int64_t row0,
-                     int64_t n, int64_t p0, CompressorState& state, RowStore& store, double eps,
-                     const RopeFreqs& rope, Quantize quantize) {
+                     int64_t n, int64_t p0, CompressorState& state, RowStore& store, Finish finish) {
   const int64_t d = cw.dim, max_new = n / cw.ratio + 1;
   Buffer pooled(b, size_t(max_new * d)), rows(b, size_t(max_new * d));
   const int64_t n_new = b.compressor_push(cw, state.carry(), in.a.get() + row0 * in.width,
                                           in.s.get() + row0 * in.width, p0, n, pooled.get());
   if (n_new == 0) return;
-  b.rms_norm(pooled.get(), cw.norm.data(), n_new, d, eps, rows.get());
-  b.rope(rows.get(), n_new, 1, d, rope, store.rows() * cw.ratio, cw.ratio, false);
-  quantize(rows.get(), n_new);
+  finish(pooled.get(), n_new, store.rows() * cw.ratio, rows.get());
   store.append(rows.get(), n_new);
 }
 
@@ -73,16 +71,17 @@ Buffer Engine::attention_sublayer(const model::LayerWeights& lw, std::span<const
   b.rms_norm(qa.get(), aw.q_norm.data(), T, c.q_lora_rank, eps, qr.get());
   trace(tracer, l + ".attn.qr", qr.get(), {T, c.q_lora_rank});
   b.linear(aw.wq_b, Compute::quantized, qr.get(), T, q.get());
-  b.head_norm(q.get(), T * H, hd, eps);
-  rope_rows(q.get(), H, hd, false);
+  for (const Segment& s : segments)
+    b.head_norm_rope(q.get() + s.row0 * H * hd, s.n, H, hd, eps, rope, s.p0);
   trace(tracer, l + ".attn.q", q.get(), {T, H, hd});
 
-  // KV path: one shared K = V head; the non-rope dims go through the FP8 simulation.
+  // KV path: one shared K = V head, normed and rotated; the non-rope dims go through the FP8
+  // simulation.
   Buffer kv_raw(b, size_t(T * hd)), kv(b, size_t(T * hd));
   b.linear(aw.wkv, Compute::quantized, x, T, kv_raw.get());
-  b.rms_norm(kv_raw.get(), aw.kv_norm.data(), T, hd, eps, kv.get());
-  rope_rows(kv.get(), 1, hd, false);
-  b.kv_fp8_sim(kv.get(), T, hd, c.nope_head_dim());
+  for (const Segment& s : segments)
+    b.kv_norm_rope_fp8(kv_raw.get() + s.row0 * hd, aw.kv_norm.data(), s.n, hd, eps, rope, s.p0, 1,
+                       c.nope_head_dim(), kv.get() + s.row0 * hd);
   trace(tracer, l + ".attn.kv", kv.get(), {T, hd});
 
   // CSA: the indexer's queries and weights, and its compressor's projections.
@@ -113,8 +112,13 @@ Buffer Engine::attention_sublayer(const model::LayerWeights& lw, std::span<const
     CompressedRows comp;
     IdBuffer selected;
     if (aw.indexer) {
-      push_compressor(b, aw.indexer->compressor, index_in, s.row0, n, p0, ls.index_compressor, ls.index_keys, eps,
-                      rope, [&](float* rows, int64_t m) { b.indexer_fp4_sim(rows, m, di); });
+      const model::CompressorWeights& icw = aw.indexer->compressor;
+      push_compressor(b, icw, index_in, s.row0, n, p0, ls.index_compressor, ls.index_keys,
+                      [&](const float* pooled, int64_t m, int64_t pos0, float* rows) {
+                        b.rms_norm(pooled, icw.norm.data(), m, di, eps, rows);
+                        b.rope(rows, m, 1, di, rope, pos0, icw.ratio, false);
+                        b.indexer_fp4_sim(rows, m, di);
+                      });
       selected = IdBuffer(b, size_t(n * c.index_topk));
       b.indexer_select(qi.get() + s.row0 * Hi * di, wts.get() + s.row0 * Hi, n, Hi, di, ls.index_keys.data(),
                        ls.index_keys.format(), ls.index_keys.rows(), 4, p0, c.index_topk, selected.get());
@@ -122,8 +126,12 @@ Buffer Engine::attention_sublayer(const model::LayerWeights& lw, std::span<const
       comp.k = c.index_topk;
     }
     if (aw.compressor) {
-      push_compressor(b, *aw.compressor, comp_in, s.row0, n, p0, ls.compressor, ls.compressed, eps, rope,
-                      [&](float* rows, int64_t m) { b.kv_fp8_sim(rows, m, hd, c.nope_head_dim()); });
+      const model::CompressorWeights& cw = *aw.compressor;
+      push_compressor(b, cw, comp_in, s.row0, n, p0, ls.compressor, ls.compressed,
+                      [&](const float* pooled, int64_t m, int64_t pos0, float* rows) {
+                        b.kv_norm_rope_fp8(pooled, cw.norm.data(), m, hd, eps, rope, pos0, cw.ratio,
+                                           c.nope_head_dim(), rows);
+                      });
       comp.kv = ls.compressed.data();
       comp.format = ls.compressed.format();
       comp.n = ls.compressed.rows();

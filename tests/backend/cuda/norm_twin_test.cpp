@@ -1,6 +1,6 @@
 // Twins of the row-wise and elementwise ops: RMSNorm, the per-head q norm, scale, add
-// (cpu/norm.cpp ↔ cuda/norm.cu), RoPE (rope.cpp ↔ rope.cu) and the quantization simulations
-// (cpu/norm.cpp ↔ cuda/quant.cu).
+// (cpu/norm.cpp ↔ cuda/norm.cu), RoPE (rope.cpp ↔ rope.cu), the quantization simulations
+// (cpu/norm.cpp ↔ cuda/quant.cu) and the joined q and KV steps (backend.cpp ↔ cuda/qkv_finish.cu).
 #include "twin.h"
 
 namespace dsv4::test {
@@ -44,19 +44,26 @@ TEST(CudaTwin, HeadNormScaleAdd) {
   }
 }
 
-// Real frequency tables (plain and YaRN-blended pairs), large positions, groups of heads,
-// strided positions (compressed rows) and the inverse rotation.
-TEST(CudaTwin, Rope) {
-  DSV4_REQUIRE_GPU();
-  RopeFreqs plain, yarn;
+// Real frequency tables of 32 pairs (plain and YaRN-blended) and a tiny one of 2.
+struct TestFreqs {
+  RopeFreqs plain, yarn, tiny;
+};
+static TestFreqs test_freqs() {
+  TestFreqs t;
   for (int i = 0; i < 32; ++i) {
     const float f = 1.0f / std::pow(10000.0f, float(2 * i) / 64.0f);
-    plain.freqs.push_back(f);
+    t.plain.freqs.push_back(f);
     const float g = 1.0f / std::pow(160000.0f, float(2 * i) / 64.0f);
-    yarn.freqs.push_back(i < 16 ? g : i > 24 ? g / 16.0f : (g / 16.0f) * 0.5f + g * 0.5f);
+    t.yarn.freqs.push_back(i < 16 ? g : i > 24 ? g / 16.0f : (g / 16.0f) * 0.5f + g * 0.5f);
   }
-  RopeFreqs tiny;
-  tiny.freqs = {1.0f, 0.01f};
+  t.tiny.freqs = {1.0f, 0.01f};
+  return t;
+}
+
+// Large positions, groups of heads, strided positions (compressed rows) and the inverse rotation.
+TEST(CudaTwin, Rope) {
+  DSV4_REQUIRE_GPU();
+  const auto [plain, yarn, tiny] = test_freqs();
   struct C {
     const RopeFreqs* f;
     int64_t n_groups, group, row_stride, pos0, pos_step;
@@ -93,6 +100,51 @@ TEST(CudaTwin, KvFp8Simulation) {
       s->kv_fp8_sim(xd, rows, stride, n_dims);
       Outputs o;
       o.add("x", s.read(xd, x.size()));
+      return o;
+    });
+  }
+}
+
+// The joined steps (one pass each on the GPU, the ops in order on the CPU): V4's query heads and
+// KV rows (512 dims, 64 of RoPE) at decode and at compressed rows' strided positions, a row that is
+// all RoPE, a partial 64-block, and shapes the joined kernels leave to the ops (odd or long rows).
+TEST(CudaTwin, HeadNormRopeAndKvNormRopeFp8) {
+  DSV4_REQUIRE_GPU();
+  const auto [plain, yarn, tiny] = test_freqs();
+  struct Q {
+    const RopeFreqs* f;
+    int64_t T, H, hd, p0;
+  };
+  for (const Q& c : {Q{&yarn, 1, 64, 512, 4095}, Q{&plain, 3, 19, 128, 77}, Q{&plain, 2, 5, 64, 0},
+                     Q{&tiny, 2, 3, 7, 1000}, Q{&yarn, 1, 2, 544, 9}}) {
+    const std::string name = "head_norm_rope " + std::to_string(c.T) + "x" + std::to_string(c.H) + "x" +
+                             std::to_string(c.hd) + " p" + std::to_string(c.p0);
+    const std::vector<float> q = random_bf16(name + ".q", size_t(c.T * c.H * c.hd), 2.0f);
+    expect_twins_both(name, [&](Side& s) {
+      float* qd = s.in(q);
+      s->head_norm_rope(qd, c.T, c.H, c.hd, 1e-6, *c.f, c.p0);
+      Outputs o;
+      o.add("q", s.read(qd, q.size()));
+      return o;
+    });
+  }
+  struct K {
+    const RopeFreqs* f;
+    int64_t rows, hd, p0, pos_step, nope;
+  };
+  for (const K& c : {K{&yarn, 1, 512, 4095, 1, 448}, K{&yarn, 5, 512, 384, 128, 448}, K{&plain, 3, 128, 5, 4, 64},
+                     K{&tiny, 2, 100, 9, 1, 96}, K{&tiny, 2, 30, 3, 1, 20}}) {
+    const std::string name = "kv_norm_rope_fp8 " + std::to_string(c.rows) + "x" + std::to_string(c.hd) + " p" +
+                             std::to_string(c.p0) + "+" + std::to_string(c.pos_step) + " nope " + std::to_string(c.nope);
+    // wide dynamic range, so 64-blocks get different scales
+    std::vector<float> x = random_bf16(name + ".x", size_t(c.rows * c.hd), 4.0f);
+    for (size_t i = 0; i < x.size(); i += 7) x[i] = round_bf16(x[i] * 1e-3f);
+    const std::vector<float> w = random_uniform(name + ".w", size_t(c.hd), 0.5f, 1.5f);
+    expect_twins_both(name, [&](Side& s) {
+      float* y = s.out(x.size());
+      s->kv_norm_rope_fp8(s.in(x), w.data(), c.rows, c.hd, 1e-6, *c.f, c.p0, c.pos_step, c.nope, y);
+      Outputs o;
+      o.add("y", s.read(y, x.size()));
       return o;
     });
   }

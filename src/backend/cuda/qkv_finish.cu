@@ -1,0 +1,156 @@
+// The last steps of the query heads and of the KV rows, each in one pass over its rows (the joined
+// ops head_norm_rope and kv_norm_rope_fp8; their definitions, in backend.cpp, are the ops of
+// norm.cu, rope.cu and quant.cu in order). A decoded token's q is 64 heads of 512 and its KV one
+// row of 512: on an H100 each op was a launch of 3–6 µs, mostly waiting on the one before.
+//
+// Every value is computed as the separate kernels compute it: head_norm_kernel's bf16 steps (its
+// sum of squares in another order, a double sum: device_math.cuh), rope_kernel's rotation (cos/sin
+// of fp32(p)·f_k, a rounded 2-term double dot product), rms_norm_kernel's norm and
+// kv_fp8_sim_kernel's 64-blocks.
+//
+// head_norm_rope: grid (tokens, groups of 8 heads), a warp per head; the block's cos/sin in shared
+// memory (one position per block); a lane holds the head's elements lane + 32·j, so the two of a
+// RoPE pair sit in neighbouring lanes and meet by one shuffle.
+// kv_norm_rope_fp8: a block per row, a thread per 4 consecutive dims, so a 64-block of the FP8
+// simulation is 16 lanes of a warp (its amax a shuffle reduction over them).
+#include <algorithm>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/device_math.cuh"
+#include "backend/cuda/launch.cuh"
+#include "backend/cuda/quant.cuh"
+
+namespace dsv4::cuda {
+
+namespace {
+
+constexpr int kHeadsPerBlock = 8;
+constexpr int kMaxHeadElems = 16;  // per lane: heads of up to 512 dims
+constexpr int kMaxHalf = 256;      // RoPE pairs per row
+
+// cos and sin (negated when inverse) of position p's `half` angles into trig ([half] cos, then
+// [half] sin), by the block's threads; ends with a barrier.
+__device__ inline void rope_trig(float p, const float* freqs, int64_t half, float* trig) {
+  for (int64_t k = threadIdx.x; k < half; k += blockDim.x) {
+    const float angle = p * freqs[k];
+    trig[k] = cos_f(angle);
+    trig[half + k] = sin_f(angle);
+  }
+  __syncthreads();
+}
+
+// The rotation of pair (a, b) by (c, s), rounded once.
+__device__ inline float rotated(bool first, float a, float b, float c, float s, bool bf16) {
+  const double da = a, db = b;
+  return round_if(bf16, float(first ? da * c - db * s : da * s + db * c));
+}
+
+__global__ void __launch_bounds__(32 * kHeadsPerBlock) head_norm_rope_kernel(float* q, int64_t H, int64_t hd, float eps,
+                                                                             const float* freqs, int64_t half,
+                                                                             int64_t p0, bool bf16) {
+  __shared__ float trig[2 * kMaxHalf];
+  const int64_t t = blockIdx.x, h = int64_t(blockIdx.y) * kHeadsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  rope_trig(float(p0 + t), freqs, half, trig);  // (freqs: a weight, read before the wait)
+  await_previous_kernel();
+  if (h >= H) return;  // (whole warps)
+  float* qr = q + (t * H + h) * hd;
+  float v[kMaxHeadElems];
+  double sum = 0.0;
+#pragma unroll
+  for (int j = 0; j < kMaxHeadElems; ++j) {
+    const int64_t i = lane + 32 * j;
+    v[j] = i < hd ? qr[i] : 0.0f;
+    if (i < hd) sum += double(round_if(bf16, v[j] * v[j]));
+  }
+  sum = warp_sum(sum);
+  const float mean = round_if(bf16, float(sum / double(hd)));
+  const float inv = round_if(bf16, rsqrt_f(round_if(bf16, mean + eps)));
+  const int64_t offset = hd - 2 * half;  // even (the host checks): a pair is (even, odd) lanes
+#pragma unroll
+  for (int j = 0; j < kMaxHeadElems; ++j) {
+    const int64_t i = lane + 32 * j;
+    float x = round_if(bf16, v[j] * inv);
+    const float partner = __shfl_xor_sync(kFullMask, x, 1);
+    if (i >= offset && i < hd) {
+      const int64_t k = (i - offset) / 2;
+      const bool first = lane % 2 == 0;
+      x = rotated(first, first ? x : partner, first ? partner : x, trig[k], trig[half + k], bf16);
+    }
+    if (i < hd) qr[i] = x;
+  }
+}
+
+__global__ void kv_norm_rope_fp8_kernel(const float* x, const float* w, int64_t hd, float eps, const float* freqs,
+                                        int64_t half, int64_t p0, int64_t pos_step, int64_t nope, bool deepseek,
+                                        float* y) {
+  __shared__ double scratch[32];
+  __shared__ float trig[2 * kMaxHalf];
+  const int64_t row = blockIdx.x, d0 = int64_t(threadIdx.x) * kRowGroup;
+  rope_trig(float(p0 + row * pos_step), freqs, half, trig);
+  await_previous_kernel();
+  float v[kRowGroup] = {};
+  if (d0 < hd) load4(x + row * hd, d0, hd, true, v);  // (hd a multiple of 4, rows 16-byte aligned: the host checks)
+  double sum = 0.0;
+#pragma unroll
+  for (int u = 0; u < kRowGroup; ++u) sum += double(v[u]) * double(v[u]);
+  sum = block_sum(sum, scratch);
+  const float inv = rsqrt_f(float(sum / double(hd)) + eps);
+#pragma unroll
+  for (int u = 0; u < kRowGroup; ++u) v[u] = d0 + u < hd ? round_if(deepseek, w[d0 + u] * (v[u] * inv)) : 0.0f;
+  const int64_t offset = hd - 2 * half;  // even: a thread's two pairs are (d0, d0 + 1) and (d0 + 2, d0 + 3)
+#pragma unroll
+  for (int u = 0; u < kRowGroup; u += 2) {
+    if (d0 + u < offset || d0 + u >= hd) continue;
+    const int64_t k = (d0 + u - offset) / 2;
+    const float a = v[u], b = v[u + 1], c = trig[k], s = trig[half + k];
+    v[u] = rotated(true, a, b, c, s, deepseek);
+    v[u + 1] = rotated(false, a, b, c, s, deepseek);
+  }
+  if (deepseek) {  // dims below nope (at most offset: the host checks), 64-blocks of 16 lanes
+    float amax = 0.0f;
+#pragma unroll
+    for (int u = 0; u < kRowGroup; ++u) amax = d0 + u < nope ? fmaxf(amax, fabsf(v[u])) : amax;
+    for (int lanes = 8; lanes > 0; lanes /= 2) amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, lanes));
+    const int e = fp8_scale_exp(amax);
+#pragma unroll
+    for (int u = 0; u < kRowGroup; ++u)
+      if (d0 + u < nope) v[u] = fp8_sim(v[u], e);
+  }
+  if (d0 < hd) store4(y + row * hd, d0, hd, true, v);
+}
+
+}  // namespace
+
+void CudaBackend::head_norm_rope(float* q, int64_t T, int64_t H, int64_t hd, double eps, const RopeFreqs& freqs,
+                                 int64_t p0) {
+  const int64_t half = int64_t(freqs.freqs.size());
+  if (hd > 32 * kMaxHeadElems || half > kMaxHalf || 2 * half > hd || hd % 2 != 0 || T >= 65536)
+    return Backend::head_norm_rope(q, T, H, hd, eps, freqs, p0);
+  Timed timed(*this, "head_norm_rope");
+  if (T * H == 0) return;
+  const int64_t groups = (H + kHeadsPerBlock - 1) / kHeadsPerBlock;
+  DSV4_CUDA_REQUIRE(groups < 65536, "head_norm_rope: ", H, " heads");
+  launch(head_norm_rope_kernel, dim3(unsigned(T), unsigned(groups)), 32 * kHeadsPerBlock, 0, stream_, q, H, hd,
+         float(eps), device_floats(freqs.freqs), half, p0, deepseek());
+  DSV4_CUDA_LAUNCHED("head_norm_rope");
+}
+
+void CudaBackend::kv_norm_rope_fp8(const float* x, const float* w, int64_t rows, int64_t hd, double eps,
+                                   const RopeFreqs& freqs, int64_t p0, int64_t pos_step, int64_t nope, float* y) {
+  const int64_t half = int64_t(freqs.freqs.size());
+  const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
+  if (hd % kRowGroup != 0 || hd > 1024 * kRowGroup || half > kMaxHalf || 2 * half > hd || nope > hd - 2 * half ||
+      !aligned || w == nullptr || rows >= (int64_t(1) << 31))
+    return Backend::kv_norm_rope_fp8(x, w, rows, hd, eps, freqs, p0, pos_step, nope, y);
+  Timed timed(*this, "kv_norm_rope_fp8");
+  if (rows == 0) return;
+  // w is a model weight (host memory): its device copy, uploaded once.
+  const float* dw = static_cast<const float*>(upload(w, size_t(hd) * sizeof(float)));
+  const unsigned threads = unsigned(std::max<int64_t>(32, (hd / kRowGroup + 31) / 32 * 32));
+  launch(kv_norm_rope_fp8_kernel, unsigned(rows), threads, 0, stream_, x, dw, hd, float(eps), device_floats(freqs.freqs),
+         half, p0, pos_step, nope, deepseek(), y);
+  DSV4_CUDA_LAUNCHED("kv_norm_rope_fp8");
+}
+
+}  // namespace dsv4::cuda
