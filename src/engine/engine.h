@@ -120,7 +120,7 @@ class Engine {
   };
   // The layers' sublayers in order (each layer's attention, then its MoE) over the batch's hc
   // streams X ([T, hc, D]); tokens are the rows' ids (hash routing). captured.flush() follows every
-  // sublayer but the last.
+  // sublayer (the device runs it while the host records the next, or the head).
   void run_layers(std::span<const model::LayerWeights> layers, std::span<const Segment> segments,
                   const int32_t* tokens, int64_t T, float* X, const Tracer* tracer, CapturedStep& captured);
   // A sublayer's output [T, D] from its input x [T, D].

@@ -165,11 +165,8 @@ void Engine::run_layers(std::span<const model::LayerWeights> layers, std::span<c
     const model::LayerWeights& lw = layers[i / 2];
     const Buffer out = i % 2 == 0 ? attention_sublayer(lw, segments, T, in.x.get(), tracer)
                                   : moe_sublayer(lw, tokens, T, in.x.get(), tracer);
-    if (i + 1 == n) {
-      leave_sublayer(in, out.get(), wrap(i), X, T, tracer);
-      break;
-    }
-    in = pass_sublayer(in, out.get(), wrap(i), wrap(i + 1), X, T, tracer);
+    if (i + 1 < n) in = pass_sublayer(in, out.get(), wrap(i), wrap(i + 1), X, T, tracer);
+    else leave_sublayer(in, out.get(), wrap(i), X, T, tracer);
     captured.flush();
   }
 }

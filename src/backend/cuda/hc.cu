@@ -224,6 +224,7 @@ __global__ void __launch_bounds__(kPostThreads) hc_post_kernel(const float* a, c
 // previous kernel is awaited.
 constexpr int kStepThreads = 256;
 constexpr int kMaxMix = (2 + kMaxHc) * kMaxHc;
+constexpr int kMixLoads = 8;  // loads in flight a lane: a V4-Flash slice's 512 values of a mix row in two rounds (16 spilled)
 struct HcStepArgs {
   HcArgs pre;  // the next sublayer's mHC pre
   const float* fn;  // its mix weights, fp32 [mix_n, hc·D]
@@ -241,6 +242,15 @@ __device__ inline void prefetch_l2(const float* p, int64_t bytes) {
   const uintptr_t begin = reinterpret_cast<uintptr_t>(p), end = begin + uintptr_t(bytes);
   for (uintptr_t line = begin & ~uintptr_t(127); line < end; line += 128)
     asm volatile("prefetch.global.L2 [%0];" ::"l"(line < begin ? begin : line));
+}
+
+// Σ_q p[q·stride] over q < n, written by other blocks before a grid barrier, by one warp: each lane
+// sums its q ≡ lane (mod 32), then the warp (the same order in every launch). A lane at a time
+// took ≈ n dependent L2 round trips.
+__device__ inline double slice_sum(const double* p, int64_t stride, int n) {
+  double sum = 0.0;
+  for (int q = threadIdx.x % 32; q < n; q += 32) sum += __ldcg(p + q * stride);
+  return warp_sum(sum);
 }
 
 __global__ void __launch_bounds__(kStepThreads) hc_step_kernel(HcStepArgs s) {
@@ -279,22 +289,30 @@ __global__ void __launch_bounds__(kStepThreads) hc_step_kernel(HcStepArgs s) {
     }
     squares = block_sum(squares, scratch);
     if (e == 0) part[slice * (mix_n + 1) + mix_n] = squares;
-    for (int64_t m = warp; m < mix_n; m += warps) {  // a warp per mix row
+    for (int64_t m = warp; m < mix_n; m += warps) {  // a warp per mix row, kMixLoads loads in flight a lane
       const float* fn = s.fn + m * hc * D + d0;
       double acc = 0.0;
-      for (int k = 0; k < hc; ++k)
-        for (int d = lane; d < nd; d += 32) acc += double(fn[k * D + d]) * double(xs[k * s.per + d]);
+      for (int i0 = lane; i0 < n; i0 += 32 * kMixLoads) {
+        float wv[kMixLoads], xv[kMixLoads];
+#pragma unroll
+        for (int j = 0; j < kMixLoads; ++j) {
+          const int i = i0 + 32 * j, k = i / int(nd), d = i - k * int(nd);
+          wv[j] = i < n ? fn[k * D + d] : 0.0f;
+          xv[j] = i < n ? xs[k * s.per + d] : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < kMixLoads; ++j) acc += double(wv[j]) * double(xv[j]);
+      }
       acc = warp_sum(acc);
       if (lane == 0) part[slice * (mix_n + 1) + m] = acc;
     }
   }
   grid_sync(s.barrier, block, blocks);
 
-  if (e <= mix_n) {
-    double sum = 0.0;
-    for (int q = 0; q < slices; ++q) sum += __ldcg(part + q * (mix_n + 1) + e);
-    if (e < mix_n) mix[e] = float(sum);
-    else norm_inv[0] = rsqrt_f(float(sum / double(hc * D)) + a.norm_eps);
+  for (int64_t c = warp; c <= mix_n; c += warps) {  // a warp per column of the partials
+    const double sum = slice_sum(part + c, mix_n + 1, slices);
+    if (lane == 0 && c < mix_n) mix[c] = float(sum);
+    if (lane == 0 && c == mix_n) norm_inv[0] = rsqrt_f(float(sum / double(hc * D)) + a.norm_eps);
   }
   __syncthreads();
   const float rs = norm_inv[0];
@@ -310,10 +328,9 @@ __global__ void __launch_bounds__(kStepThreads) hc_step_kernel(HcStepArgs s) {
   if (e == 0) part_u[slice] = squares;
   grid_sync(s.barrier, block, blocks);
 
-  if (e == 0) {
-    double sum = 0.0;
-    for (int q = 0; q < slices; ++q) sum += __ldcg(part_u + q);
-    norm_inv[1] = rsqrt_f(float(sum / double(D)) + a.norm_eps);
+  if (warp == 0) {
+    const double sum = slice_sum(part_u, 1, slices);
+    if (lane == 0) norm_inv[1] = rsqrt_f(float(sum / double(D)) + a.norm_eps);
   }
   __syncthreads();
   const float inv = norm_inv[1];
