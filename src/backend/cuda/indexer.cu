@@ -260,14 +260,13 @@ __device__ int gather_top(const Keys& keys, int64_t n_real, int64_t k, uint64_t*
       uint32_t* counts = first_digit ? first_counts : hist;
       for (int b = threadIdx.x; b < (first_digit ? kFirstBins : 256); b += blockDim.x) counts[b] = 0;
       __syncthreads();
-      // Most scores share their top digits: one atomic per group of lanes with equal digits (a
-      // shared-memory atomic per lane on one address serialises the whole warp).
+      // A shared-memory atomic per key. Most scores share their top digits, yet grouping a warp's
+      // equal digits first (__match_any_sync, one atomic a group) measured slower: indexer_select
+      // at a 262 144 prompt 324.7 against 281.4 ms (H100, bench/results/cuda_stop46_h100.log).
       uint64_t differs = 0;
       auto count = [&](uint64_t key) {
         const unsigned digit = (key & mask) == prefix ? unsigned((key & digit_mask) >> shift) : kFirstBins;
-        const unsigned peers = __match_any_sync(__activemask(), digit);
-        if (digit < kFirstBins && __ffs(peers) - 1 == int(threadIdx.x % 32))
-          atomicAdd(&counts[digit], unsigned(__popc(peers)));
+        if (digit < kFirstBins) atomicAdd(&counts[digit], 1u);
         differs |= key ^ first;
       };
       if (n_cand >= 0)
