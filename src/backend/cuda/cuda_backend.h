@@ -248,10 +248,6 @@ class CudaBackend final : public Backend {
   // deepseek-tc, dense FP8 products of many rows where uses_tensor_core_fp8(r): the FP8 tensor cores
   // (gemm_fp8_tc.cu), from the activations in QuantizedForm::codes (scales sx [K/128][rows]).
   void tensor_core_fp8(const GemmRequest& r, const uint8_t* x, const float* sx);
-  // deepseek-tc, quantized products of a few rows where on_tc_gemv(r): mma.sync (gemv_tc.cu), each
-  // block quantizing its own rows of r.x as act_quant does; with `swiglu` the FFN's up product and
-  // SwiGLU join the launch.
-  void tc_gemv(const GemmRequest& r, const SwigluUp* swiglu);
 
   // ---- shared GEMM entry (gemm.cu), used by linear, hc and moe ----
   // With `swiglu`, r is an FFN's gate product and its up product and SwiGLU join the launch; only

@@ -92,9 +92,16 @@ __global__ void act_quant_kernel(const float* x, int64_t x_stride, int64_t K, in
   if (b >= n_k128) return;
   const int lane = threadIdx.x % 32;
   const int64_t k = b * 128 + 4 * lane;
+  const float* xr = x + m * x_stride;
   float v[4];
-  lane_values(x + m * x_stride, k, K, v);
-  const int e = block_scale_exp(v);
+  if (k + 4 <= K && reinterpret_cast<uintptr_t>(xr + k) % 16 == 0) {
+    const float4 f = *reinterpret_cast<const float4*>(xr + k);
+    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v[e] = k + e < K ? xr[k + e] : 0.0f;
+  }
+  const int e = fp8_scale_exp(warp_max(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])))));
   float q[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) q[i] = fp8_quantize(v[i], e);  // zero past K
@@ -106,7 +113,9 @@ __global__ void act_quant_kernel(const float* x, int64_t x_stride, int64_t K, in
       // Group g = lane % 8 of its 32-block (K is then a multiple of 32) goes to place 4 (g % 2) + g / 2.
       const int64_t at = form == QuantizedForm::codes ? k : k - 4 * (lane % 8) + 4 * (4 * (lane % 2) + lane % 8 / 2);
       uint8_t* o = static_cast<uint8_t*>(out) + m * K + at;
-      const uint32_t word = e4m3_word(q);
+      uint32_t word = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) word |= uint32_t(__nv_cvt_float_to_fp8(q[i], __NV_SATFINITE, __NV_E4M3)) << (8 * i);
       if (whole) *reinterpret_cast<uint32_t*>(o) = word;
       else
         for (int i = 0; i < 4 && k + i < K; ++i) o[i] = uint8_t(word >> (8 * i));
@@ -597,24 +606,19 @@ void CudaBackend::gemm(const GemmRequest& r, const SwigluUp* swiglu) {
   // e4m3 codes (gemm_experts_tc.cu).
   const bool tc_experts = numerics() == Numerics::deepseek_tc && tiled && dmma && fits_tensor_core_experts(r);
   // deepseek-tc: the FP8 products of a few token rows, and the routed FP4 experts of a few rows, on
-  // the tensor cores' mma.sync, each block quantizing its own rows (gemv_tc.cu).
+  // the tensor cores' mma.sync (gemv_tc.cu).
   const bool tc_few = on_tc_gemv(r);
   DSV4_CUDA_REQUIRE(!swiglu || tc_few, "linear: a SwiGLU joined to a product that tc_gemv does not take");
-  if (tc_few) {
-    quantized_x_ = {};  // as after every product without quantization into the scratch
-    tc_gemv(r, swiglu);
-    return;
-  }
   const bool round_out = deepseek() && rounds_output(r.compute);
   const int64_t n_src = r.source_rows(), n_k128 = (K + 127) / 128;
   // One scratch buffer, in parts that are live together: the quantized activations, their scales
   // (written in every form; the bf16 one has them folded in) and the grouping of rows by expert of
   // the tensor-core kernels (int32, as wide as a float). FP4 weights on the exact paths read the
   // activations as integer byte planes (see the top), on either kernel.
-  const bool planes = tiled && W.format == kFp4 && !tc_experts;
+  const bool planes = tiled && W.format == kFp4 && !tc_experts && !tc_few;
   const QuantizedForm form = planes                       ? QuantizedForm::planes
                              : tc_experts   ? QuantizedForm::fragment_codes
-                             : tensor_cores ? QuantizedForm::codes
+                             : tensor_cores || tc_few ? QuantizedForm::codes
                                             : QuantizedForm::values;
   const int64_t plane_words = planes ? (K + 31) / 32 * 24 : 0;
   const int64_t row_floats = planes ? plane_words
@@ -658,6 +662,10 @@ void CudaBackend::gemm(const GemmRequest& r, const SwigluUp* swiglu) {
   if (tensor_cores) {
     if (uses_tensor_core_fp8(r)) tensor_core_fp8(r, reinterpret_cast<const uint8_t*>(scratch), scratch + n_qx);
     else tensor_cores_->run_quantized(r, reinterpret_cast<const uint8_t*>(scratch), scratch + n_qx, stream_);
+    return;
+  }
+  if (tc_few) {
+    tc_gemv(r, swiglu, reinterpret_cast<const uint8_t*>(scratch), scratch + n_qx, sm_count_, stream_);
     return;
   }
   if (tc_experts) {

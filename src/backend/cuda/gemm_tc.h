@@ -105,5 +105,12 @@ class TensorCoreGemm {
 // grouped kernel on the f16 mma. Whether it takes r: one FP8 matrix, K a multiple of 128, row0 a
 // multiple of 16; or an FP4 expert table with E8M0 scales, K a multiple of 512, row0 0.
 bool tc_gemv_handles(const GemmRequest& r);
+// y[t, 0 : rows) = bf16(x_codes[t / x_div] · W_tᵀ[row0 : row0+rows]) with W_t = W or the table's view,
+// x_scales in act_quant's per-K-block layout [K/128][source rows]. Requires tc_gemv_handles(r). With
+// `swiglu` (r the gate of an FFN), the up matrix's product u is formed beside it over the same x, in
+// the same launch, and y receives swiglu_f(g, u) of the two bf16 products (a decoded token's MoE:
+// two launches fewer per FFN, and twice the weight bytes in flight per lane).
+void tc_gemv(const GemmRequest& r, const SwigluUp* swiglu, const uint8_t* x_codes, const float* x_scales, int sm_count,
+             cudaStream_t stream);
 
 }  // namespace dsv4::cuda

@@ -3,8 +3,7 @@
 // the exact kernel (gemm.cu) spends integer work on every code and reaches 1–1.3 TB/s.
 //
 // A warp takes a tile of 16 weight rows (the mma's A) against up to 8 token rows (its B: the
-// activations' e4m3 codes, which each block makes itself in shared memory from the fp32 rows as
-// act_quant does, quantize_rows) over a share of the K blocks of 128.
+// activations' e4m3 codes from act_quant, QuantizedForm::codes) over a share of the K blocks of 128.
 // Each lane loads 16 consecutive codes of its two rows (g = lane / 4 and g + 8) and of token g
 // from every 64 codes of K, at 16 · (lane % 4): two mma steps, whose fragments the lane fills
 // with those words in the same order for A and B. That permutes K inside the 64, and a sum over
@@ -34,11 +33,9 @@
 // writes swiglu_f of the two bf16 sums, exactly what the separate launches and swiglu_kernel give.
 #include <cuda_runtime.h>
 
-#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/gemm_tc.h"
 #include "backend/cuda/launch.cuh"
-#include "backend/cuda/quant.cuh"
 #include "backend/cuda/weight_access.cuh"
 
 namespace dsv4::cuda {
@@ -49,8 +46,9 @@ constexpr int kWarps = 8, kTileRows = 16, kTokens = 8;
 
 struct TcGemvArgs {
   LinearView W;
-  const float* x;     // the activations, unquantized: [source rows] rows x_stride apart
-  int64_t x_stride, x_div, K, T;
+  const uint8_t* x;   // [source rows][K] e4m3 codes
+  const float* sx;    // [K / 128][source rows]
+  int64_t n_src, x_div, K, T;
   float* y;
   int64_t y_stride, row0, rows;
   int split;          // S: warps per tile
@@ -81,42 +79,6 @@ __device__ __forceinline__ void for_k_blocks(int64_t s, int64_t S, int64_t n, St
       if (b0 + d * S < n) step(d, b0 + d * S, b0 + (d + kD) * S);
 }
 
-// The block's n token rows of x (row j: source row src(j)) quantized as act_quant_kernel does them
-// (ActQuantFP8, quant.cuh), into shared memory: e4m3 codes [n][K] in K order, then the scales
-// [n][K / 128]. A warp per 128-block (K is a multiple of 128: tc_gemv_handles), its loads of
-// kBatch blocks in flight together. Each block quantizes its own rows, a few KB read again from L2,
-// where a separate act_quant launch cost a decoded token 3.2 µs before each of its 29 products (ncu,
-// 4 layers).
-template <class Src>
-__device__ void quantize_rows(const TcGemvArgs& a, int n, Src src, uint8_t* codes, float* scales) {
-  constexpr int kBatch = 4;
-  const int64_t n_k128 = a.K / 128, n_jobs = n * n_k128;
-  const int lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
-  for (int64_t job0 = threadIdx.x / 32; job0 < n_jobs; job0 += int64_t(n_warps) * kBatch) {
-    float v[kBatch][4];
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int64_t job = job0 + int64_t(u) * n_warps;
-      if (job < n_jobs) lane_values(a.x + src(int(job / n_k128)) * a.x_stride, job % n_k128 * 128 + 4 * lane, a.K, v[u]);
-    }
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int64_t job = job0 + int64_t(u) * n_warps;
-      if (job >= n_jobs) break;  // (the same for the warp's lanes)
-      const int e = block_scale_exp(v[u]);
-      float q[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) q[i] = fp8_quantize(v[u][i], e);
-      *reinterpret_cast<uint32_t*>(codes + job * 128 + 4 * lane) = e4m3_word(q);  // row job / n_k128, at K job % n_k128 · 128
-      if (lane == 0) scales[job] = ldexpf(1.0f, e);
-    }
-  }
-  __syncthreads();
-}
-
-// Shared memory for n quantized rows of K (quantize_rows).
-size_t quantized_rows_bytes(int64_t n, int64_t K) { return size_t(n) * size_t(K + 4 * (K / 128)); }
-
 // One K block of 128 for the lane: its two rows' 16-byte words of both 64s (A), and its token's (B).
 struct WeightWords {
   uint4 lo[2], hi[2];
@@ -134,7 +96,7 @@ __device__ __forceinline__ void load_weights(WeightWords& w, const uint8_t* lo, 
 __device__ __forceinline__ void load_x(TokenWords& x, const uint8_t* from, bool has_token, int64_t at) {
 #pragma unroll
   for (int h = 0; h < 2; ++h)
-    x[h] = has_token ? *reinterpret_cast<const uint4*>(from + at + 64 * h) : make_uint4(0, 0, 0, 0);
+    x[h] = has_token ? __ldg(reinterpret_cast<const uint4*>(from + at + 64 * h)) : make_uint4(0, 0, 0, 0);
 }
 
 // The block's four mma steps: words 0, 1 of each 64 are the first step's A[g][4i..], A[g][16+4i..]
@@ -154,7 +116,6 @@ __device__ __forceinline__ void block_products(const WeightWords& w, const Token
 template <int kMats>
 __global__ void __launch_bounds__(kWarps * 32) tc_gemv_kernel(TcGemvArgs a) {
   __shared__ float sums[kWarps][32][4 * kMats];
-  extern __shared__ __align__(16) unsigned char x_codes[];  // the group's tokens quantized (quantize_rows)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, i = lane % 4;
   const int S = a.split, tile = blockIdx.x * (kWarps / S) + warp / S, s = warp % S;
   const int64_t r_base = int64_t(tile) * kTileRows, m0 = int64_t(blockIdx.y) * kTokens;
@@ -173,11 +134,10 @@ __global__ void __launch_bounds__(kWarps * 32) tc_gemv_kernel(TcGemvArgs a) {
     s_w[q] = scale_row<kFp8>(W, min(a.row0 + r_base, last));
   }
   const bool has_token = g < nt;
-  float* x_scales = reinterpret_cast<float*>(x_codes + nt * a.K);  // [nt][K / 128]
-  const uint8_t* x = x_codes + min(g, nt - 1) * a.K + 16 * i;
-  int tokens[2];  // the lane's two output tokens, 2i and 2i + 1, within the group
+  const uint8_t* x = a.x + (m0 + min(g, nt - 1)) / a.x_div * a.K + 16 * i;
+  int64_t src[2];  // the source rows of the lane's two output tokens, 2i and 2i + 1
 #pragma unroll
-  for (int e = 0; e < 2; ++e) tokens[e] = min(2 * i + e, nt - 1);
+  for (int e = 0; e < 2; ++e) src[e] = (m0 + min(2 * i + e, nt - 1)) / a.x_div;
 
   float acc[kMats][4] = {};
   constexpr int kD = kDepth<kMats>;
@@ -191,7 +151,6 @@ __global__ void __launch_bounds__(kWarps * 32) tc_gemv_kernel(TcGemvArgs a) {
 #pragma unroll
       for (int q = 0; q < kMats; ++q) load_weights(ahead[d][q], lo[q], hi[q], 128 * (s + d * S));
   await_previous_kernel();
-  quantize_rows(a, nt, [&](int j) { return (m0 + j) / a.x_div; }, x_codes, x_scales);
 #pragma unroll
   for (int d = 0; d < kD; ++d)
     if (s + d * S < n_blocks) load_x(ahead_x[d], x, has_token, 128 * (s + d * S));
@@ -205,7 +164,7 @@ __global__ void __launch_bounds__(kWarps * 32) tc_gemv_kernel(TcGemvArgs a) {
       for (int q = 0; q < kMats; ++q) load_weights(ahead[d][q], lo[q], hi[q], 128 * refill);
       load_x(ahead_x[d], x, has_token, 128 * refill);
     }
-    const float sx[2] = {x_scales[tokens[0] * n_blocks + b], x_scales[tokens[1] * n_blocks + b]};
+    const float sx[2] = {__ldg(a.sx + b * a.n_src + src[0]), __ldg(a.sx + b * a.n_src + src[1])};
 #pragma unroll
     for (int q = 0; q < kMats; ++q) {
       float c[4] = {};
@@ -299,7 +258,6 @@ struct Fp4TokenWords {
 template <int kMats>
 __global__ void __launch_bounds__(kWarps * 32) tc_gemv_fp4_kernel(TcGemvArgs a) {
   __shared__ float sums[kWarps][32][2 * kMats];
-  extern __shared__ __align__(16) unsigned char x_codes[];  // the row's activations quantized (quantize_rows)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int S = a.split, tiles_per_block = kWarps / S, tile = blockIdx.x * tiles_per_block + warp / S, s = warp % S;
   const int64_t r_base = int64_t(tile) * kTileRows, m = blockIdx.y;
@@ -312,8 +270,6 @@ __global__ void __launch_bounds__(kWarps * 32) tc_gemv_fp4_kernel(TcGemvArgs a) 
     return;
   }
   const int64_t K = a.K, n_blocks = K / 128, last = a.rows - 1, src = m / a.x_div;
-  float* x_scales = reinterpret_cast<float*>(x_codes + K);  // [K / 128]
-  quantize_rows(a, 1, [&](int) { return src; }, x_codes, x_scales);
   const int64_t rows[2] = {min(r_base + g, last), min(r_base + g + 8, last)};  // past the end: not written
   const uint8_t* w_at[kMats][2];
   const uint8_t* s_at[kMats][2];
@@ -328,7 +284,7 @@ __global__ void __launch_bounds__(kWarps * 32) tc_gemv_fp4_kernel(TcGemvArgs a) 
       top[q][h] = row_top_exponent(s_at[q][h], K / 32, t);
     }
   }
-  const uint8_t* x = x_codes + 32 * t;
+  const uint8_t* x = a.x + src * K + 32 * t;
   auto load = [&](Fp4Words (&f)[kMats], Fp4TokenWords& fx, int64_t b) {
 #pragma unroll
     for (int q = 0; q < kMats; ++q)
@@ -338,8 +294,8 @@ __global__ void __launch_bounds__(kWarps * 32) tc_gemv_fp4_kernel(TcGemvArgs a) 
         f[q].scale[h] = s_at[q][h][4 * b + t];
       }
 #pragma unroll
-    for (int h = 0; h < 2; ++h) fx.x[h] = *reinterpret_cast<const uint4*>(x + 128 * b + 16 * h);
-    fx.sx = x_scales[b];
+    for (int h = 0; h < 2; ++h) fx.x[h] = __ldg(reinterpret_cast<const uint4*>(x + 128 * b + 16 * h));
+    fx.sx = __ldg(a.sx + b * a.n_src + src);
   };
 
   float acc[kMats][2] = {};  // rows g, g + 8 (column 0; see the top)
@@ -416,11 +372,8 @@ bool tc_gemv_handles(const GemmRequest& r) {
          r.row0 % kTileRows == 0 && r.rows > 0;
 }
 
-// y[t, 0 : rows) = bf16(q(x[t / x_div]) · W_tᵀ[row0 : row0+rows]) with W_t = W or the table's view and q
-// ActQuantFP8. With `swiglu` (r the gate of an FFN), the up matrix's product u is formed beside it
-// over the same x, in the same launch, and y receives swiglu_f(g, u) of the two bf16 products (a
-// decoded token's MoE: two launches fewer per FFN, and twice the weight bytes in flight per lane).
-void CudaBackend::tc_gemv(const GemmRequest& r, const SwigluUp* swiglu) {
+void tc_gemv(const GemmRequest& r, const SwigluUp* swiglu, const uint8_t* x_codes, const float* x_scales, int sm_count,
+             cudaStream_t stream) {
   // Token groups of kTokens; with a table every row is its own group (its own matrix).
   const int64_t tiles = (r.rows + kTileRows - 1) / kTileRows, groups = r.table ? r.T : (r.T + kTokens - 1) / kTokens;
   const int64_t n_blocks = r.W.in / 128;
@@ -429,12 +382,12 @@ void CudaBackend::tc_gemv(const GemmRequest& r, const SwigluUp* swiglu) {
   // SM, so a split counted in warps would take two waves).
   const int64_t products = tiles * groups * (swiglu ? 2 : 1);
   int split = 1;
-  while (split < kWarps && 2 * split <= n_blocks && products * split < 16 * int64_t(sm_count_)) split *= 2;
+  while (split < kWarps && 2 * split <= n_blocks && products * split < 16 * int64_t(sm_count)) split *= 2;
   const int64_t tile_groups = (tiles + kWarps / split - 1) / (kWarps / split);
   DSV4_CUDA_REQUIRE(groups < 65536 && tile_groups < (int64_t(1) << 31), "tc_gemv: ", r.T, " tokens × ", r.rows,
                     " rows exceed the launch limits");
   TcGemvArgs a{};
-  a.W = r.W, a.x = r.x, a.x_stride = r.x_stride, a.x_div = r.x_div, a.K = r.W.in, a.T = r.T;
+  a.W = r.W, a.x = x_codes, a.sx = x_scales, a.n_src = r.source_rows(), a.x_div = r.x_div, a.K = r.W.in, a.T = r.T;
   a.y = r.y, a.y_stride = r.y_stride, a.row0 = r.row0, a.rows = r.rows, a.split = split;
   a.table = r.table, a.view_of_row = r.view_of_row, a.n_views = r.n_views;
   if (swiglu) {
@@ -447,10 +400,7 @@ void CudaBackend::tc_gemv(const GemmRequest& r, const SwigluUp* swiglu) {
   const dim3 grid{unsigned(tile_groups), unsigned(groups)};
   void (*kernel)(TcGemvArgs) = r.table ? (swiglu ? tc_gemv_fp4_kernel<2> : tc_gemv_fp4_kernel<1>)
                                        : (swiglu ? tc_gemv_kernel<2> : tc_gemv_kernel<1>);
-  // Each block's rows quantized: a group's tokens, or with a table its one row.
-  const size_t smem = quantized_rows_bytes(r.table ? 1 : std::min<int64_t>(r.T, kTokens), r.W.in);
-  allow_shared_memory(reinterpret_cast<const void*>(kernel), smem, "tc_gemv");
-  launch(kernel, grid, kWarps * 32, smem, stream_, a);
+  launch(kernel, grid, kWarps * 32, 0, stream, a);
   DSV4_CUDA_LAUNCHED("tc_gemv");
 }
 

@@ -2,12 +2,10 @@
 // block's absolute maximum comes from the caller's reduction (fmax: exact in any order).
 #pragma once
 
-#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-#include "backend/cuda/device_math.cuh"
 #include "core/formats.h"
 
 namespace dsv4::cuda {
@@ -16,33 +14,6 @@ namespace dsv4::cuda {
 __device__ inline float fp8_quantize(float x, int e) {
   const float v = fminf(fmaxf(ldexpf(x, -e), -kE4m3Max), kE4m3Max);
   return round_e4m3(v);
-}
-
-// Elements k … k + 3 of a row of K floats, zeros past K: a lane's share of a 128-block for
-// ActQuantFP8 (one 16-byte load where the address allows).
-__device__ inline void lane_values(const float* row, int64_t k, int64_t K, float (&v)[4]) {
-  if (k + 4 <= K && reinterpret_cast<uintptr_t>(row + k) % 16 == 0) {
-    const float4 f = *reinterpret_cast<const float4*>(row + k);
-    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
-  } else {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) v[e] = k + e < K ? row[k + e] : 0.0f;
-  }
-}
-
-// ActQuantFP8 of a 128-block a warp at a time, lane l holding its elements 4l … 4l + 3 (zeros past
-// K): the block's scale exponent (its scale is 2^e), from the warp's absolute maximum.
-__device__ inline int block_scale_exp(const float (&v)[4]) {
-  return fp8_scale_exp(warp_max(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])))));
-}
-
-// Four quantized values (fp8_quantize's: on the e4m3 grid, so the conversions are exact) as e4m3
-// codes in a word, the first in the low byte.
-__device__ inline uint32_t e4m3_word(const float (&q)[4]) {
-  uint32_t word = 0;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) word |= uint32_t(__nv_cvt_float_to_fp8(q[i], __NV_SATFINITE, __NV_E4M3)) << (8 * i);
-  return word;
 }
 
 // The FP8 round trip of one element: bf16(e4m3(x / 2^e) · 2^e).
