@@ -27,12 +27,6 @@ void Backend::hc_pre_norm(const model::HcParams& p, const float* w, const float*
   rms_norm(u, w, T, D, norm_eps, x);
 }
 
-void Backend::head_norm_rope(float* q, int64_t T, int64_t H, int64_t hd, double eps, const RopeFreqs& freqs,
-                             int64_t p0) {
-  head_norm(q, T * H, hd, eps);
-  rope(q, T, H, hd, freqs, p0, 1, false);
-}
-
 void Backend::kv_norm_rope_fp8(const float* x, const float* w, int64_t rows, int64_t hd, double eps,
                                const RopeFreqs& freqs, int64_t p0, int64_t pos_step, int64_t nope, float* y) {
   rms_norm(x, w, rows, hd, eps, y);

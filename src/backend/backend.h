@@ -168,11 +168,8 @@ class Backend {
   // KV FP8 simulation of dims [0, n_dims) of each row, 64-blocks (§3.0); no-op in plain.
   virtual void kv_fp8_sim(float* x, int64_t rows, int64_t row_stride, int64_t n_dims) = 0;
 
-  // Joined steps, each by definition its ops in order (the defaults); a device backend may run
-  // each in one pass (a decoded token's rows are a few vectors, and each op a launch).
-  // The query heads of T tokens at positions p0 + t (q [T, H, hd], §3.3): head_norm, then RoPE.
-  virtual void head_norm_rope(float* q, int64_t T, int64_t H, int64_t hd, double eps, const RopeFreqs& freqs,
-                              int64_t p0);
+  // A joined step, by definition its ops in order (the default); a device backend may run it in
+  // one pass (a decoded token's KV row is one vector, and each op a launch).
   // KV rows (§3.3, §3.4.3): y = RMSNorm(x) with weight w, RoPE at position p0 + i·pos_step of row i,
   // then the KV FP8 simulation of dims [0, nope).
   virtual void kv_norm_rope_fp8(const float* x, const float* w, int64_t rows, int64_t hd, double eps,

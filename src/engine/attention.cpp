@@ -71,8 +71,8 @@ Buffer Engine::attention_sublayer(const model::LayerWeights& lw, std::span<const
   b.rms_norm(qa.get(), aw.q_norm.data(), T, c.q_lora_rank, eps, qr.get());
   trace(tracer, l + ".attn.qr", qr.get(), {T, c.q_lora_rank});
   b.linear(aw.wq_b, Compute::quantized, qr.get(), T, q.get());
-  for (const Segment& s : segments)
-    b.head_norm_rope(q.get() + s.row0 * H * hd, s.n, H, hd, eps, rope, s.p0);
+  b.head_norm(q.get(), T * H, hd, eps);
+  rope_rows(q.get(), H, hd, false);
   trace(tracer, l + ".attn.q", q.get(), {T, H, hd});
 
   // KV path: one shared K = V head, normed and rotated; the non-rope dims go through the FP8

@@ -134,8 +134,6 @@ class CudaBackend final : public Backend {
   void rope(float* x, int64_t n_groups, int64_t group, int64_t row_stride, const RopeFreqs& freqs, int64_t pos0,
             int64_t pos_step, bool inverse) override;
   void kv_fp8_sim(float* x, int64_t rows, int64_t row_stride, int64_t n_dims) override;
-  void head_norm_rope(float* q, int64_t T, int64_t H, int64_t hd, double eps, const RopeFreqs& freqs,
-                      int64_t p0) override;
   void kv_norm_rope_fp8(const float* x, const float* w, int64_t rows, int64_t hd, double eps, const RopeFreqs& freqs,
                         int64_t p0, int64_t pos_step, int64_t nope, float* y) override;
   void indexer_fp4_sim(float* x, int64_t rows, int64_t n) override;

@@ -12,9 +12,8 @@
 // (GemmRequest.table), so decode reads only the selected experts' weights. Each row's arithmetic
 // is the CPU's for that token alone (the CPU batches an expert's tokens, which changes nothing
 // per row). In deepseek-tc decode, gate and up are one launch whose epilogue is the SwiGLU
-// (tc_gemv, which quantizes its own x); otherwise the shared expert's products reuse the routed
-// ones' quantized x where its form is the same (x_as_before). route: one block per token, the
-// top-k as k block-wide argmax passes.
+// (tc_gemv), and the shared expert's products reuse the routed ones' quantized x where its form is
+// the same (x_as_before). route: one block per token, the top-k as k block-wide argmax passes.
 #include <algorithm>
 
 #include "backend/cuda/cuda_backend.h"

@@ -1,6 +1,6 @@
 // Twins of the row-wise and elementwise ops: RMSNorm, the per-head q norm, scale, add
 // (cpu/norm.cpp ↔ cuda/norm.cu), RoPE (rope.cpp ↔ rope.cu), the quantization simulations
-// (cpu/norm.cpp ↔ cuda/quant.cu) and the joined q and KV steps (backend.cpp ↔ cuda/qkv_finish.cu).
+// (cpu/norm.cpp ↔ cuda/quant.cu) and the joined KV step (backend.cpp ↔ cuda/kv_finish.cu).
 #include "twin.h"
 
 namespace dsv4::test {
@@ -105,29 +105,12 @@ TEST(CudaTwin, KvFp8Simulation) {
   }
 }
 
-// The joined steps (one pass each on the GPU, the ops in order on the CPU): V4's query heads and
-// KV rows (512 dims, 64 of RoPE) at decode and at compressed rows' strided positions, a row that is
-// all RoPE, a partial 64-block, and shapes the joined kernels leave to the ops (odd or long rows).
-TEST(CudaTwin, HeadNormRopeAndKvNormRopeFp8) {
+// The joined KV step (one pass on the GPU, the ops in order on the CPU): V4's KV rows (512 dims,
+// 64 of RoPE) at decode and at compressed rows' strided positions, a partial 64-block, and a shape
+// the joined kernel leaves to the ops (rows not a multiple of 4).
+TEST(CudaTwin, KvNormRopeFp8) {
   DSV4_REQUIRE_GPU();
   const auto [plain, yarn, tiny] = test_freqs();
-  struct Q {
-    const RopeFreqs* f;
-    int64_t T, H, hd, p0;
-  };
-  for (const Q& c : {Q{&yarn, 1, 64, 512, 4095}, Q{&plain, 3, 19, 128, 77}, Q{&plain, 2, 5, 64, 0},
-                     Q{&tiny, 2, 3, 7, 1000}, Q{&yarn, 1, 2, 544, 9}}) {
-    const std::string name = "head_norm_rope " + std::to_string(c.T) + "x" + std::to_string(c.H) + "x" +
-                             std::to_string(c.hd) + " p" + std::to_string(c.p0);
-    const std::vector<float> q = random_bf16(name + ".q", size_t(c.T * c.H * c.hd), 2.0f);
-    expect_twins_both(name, [&](Side& s) {
-      float* qd = s.in(q);
-      s->head_norm_rope(qd, c.T, c.H, c.hd, 1e-6, *c.f, c.p0);
-      Outputs o;
-      o.add("q", s.read(qd, q.size()));
-      return o;
-    });
-  }
   struct K {
     const RopeFreqs* f;
     int64_t rows, hd, p0, pos_step, nope;

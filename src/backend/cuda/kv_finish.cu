@@ -1,18 +1,16 @@
-// The last steps of the query heads and of the KV rows, each in one pass over its rows (the joined
-// ops head_norm_rope and kv_norm_rope_fp8; their definitions, in backend.cpp, are the ops of
-// norm.cu, rope.cu and quant.cu in order). A decoded token's q is 64 heads of 512 and its KV one
-// row of 512: on an H100 each op was a launch of 3–6 µs, mostly waiting on the one before.
+// The KV rows' last steps in one pass (the joined op kv_norm_rope_fp8; its definition, in
+// backend.cpp, is rms_norm, rope and kv_fp8_sim in order): a decoded token's KV row is one vector
+// of 512, and on an H100 the three launches took 12.4 µs under ncu, this one 5.5.
 //
-// Every value is computed as the separate kernels compute it: head_norm_kernel's bf16 steps (its
-// sum of squares in another order, a double sum: device_math.cuh), rope_kernel's rotation (cos/sin
-// of fp32(p)·f_k, a rounded 2-term double dot product), rms_norm_kernel's norm and
-// kv_fp8_sim_kernel's 64-blocks.
+// Every value is computed as the separate kernels compute it: rms_norm_kernel's norm (its sum of
+// squares in another order, a double sum: device_math.cuh), rope_kernel's rotation (cos/sin of
+// fp32(p)·f_k, a rounded 2-term double dot product) and kv_fp8_sim_kernel's 64-blocks. A block per
+// row, a thread per 4 consecutive dims, so a 64-block of the FP8 simulation is 16 lanes of a warp
+// (its amax a shuffle reduction over them).
 //
-// head_norm_rope: grid (tokens, groups of 8 heads), a warp per head; the block's cos/sin in shared
-// memory (one position per block); a lane holds the head's elements lane + 32·j, so the two of a
-// RoPE pair sit in neighbouring lanes and meet by one shuffle.
-// kv_norm_rope_fp8: a block per row, a thread per 4 consecutive dims, so a 64-block of the FP8
-// simulation is 16 lanes of a warp (its amax a shuffle reduction over them).
+// (The query heads' norm and RoPE joined the same way, a warp per head with a RoPE pair in
+// neighbouring lanes, took 9.3 µs at decode against 7.5 for head_norm and rope, and ≈ 40% longer
+// at a 4K prefill: they stay two launches.)
 #include <algorithm>
 
 #include "backend/cuda/cuda_backend.h"
@@ -24,12 +22,11 @@ namespace dsv4::cuda {
 
 namespace {
 
-constexpr int kHeadsPerBlock = 8;
-constexpr int kMaxHeadElems = 16;  // per lane: heads of up to 512 dims
-constexpr int kMaxHalf = 256;      // RoPE pairs per row
+constexpr int kMaxHalf = 256;  // RoPE pairs per row
 
-// cos and sin (negated when inverse) of position p's `half` angles into trig ([half] cos, then
-// [half] sin), by the block's threads; ends with a barrier.
+// cos and sin of position p's `half` angles into trig ([half] cos, then [half] sin), by the
+// block's threads (freqs is a weight: read before the previous kernel is awaited); ends with a
+// barrier.
 __device__ inline void rope_trig(float p, const float* freqs, int64_t half, float* trig) {
   for (int64_t k = threadIdx.x; k < half; k += blockDim.x) {
     const float angle = p * freqs[k];
@@ -43,42 +40,6 @@ __device__ inline void rope_trig(float p, const float* freqs, int64_t half, floa
 __device__ inline float rotated(bool first, float a, float b, float c, float s, bool bf16) {
   const double da = a, db = b;
   return round_if(bf16, float(first ? da * c - db * s : da * s + db * c));
-}
-
-__global__ void __launch_bounds__(32 * kHeadsPerBlock) head_norm_rope_kernel(float* q, int64_t H, int64_t hd, float eps,
-                                                                             const float* freqs, int64_t half,
-                                                                             int64_t p0, bool bf16) {
-  __shared__ float trig[2 * kMaxHalf];
-  const int64_t t = blockIdx.x, h = int64_t(blockIdx.y) * kHeadsPerBlock + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  rope_trig(float(p0 + t), freqs, half, trig);  // (freqs: a weight, read before the wait)
-  await_previous_kernel();
-  if (h >= H) return;  // (whole warps)
-  float* qr = q + (t * H + h) * hd;
-  float v[kMaxHeadElems];
-  double sum = 0.0;
-#pragma unroll
-  for (int j = 0; j < kMaxHeadElems; ++j) {
-    const int64_t i = lane + 32 * j;
-    v[j] = i < hd ? qr[i] : 0.0f;
-    if (i < hd) sum += double(round_if(bf16, v[j] * v[j]));
-  }
-  sum = warp_sum(sum);
-  const float mean = round_if(bf16, float(sum / double(hd)));
-  const float inv = round_if(bf16, rsqrt_f(round_if(bf16, mean + eps)));
-  const int64_t offset = hd - 2 * half;  // even (the host checks): a pair is (even, odd) lanes
-#pragma unroll
-  for (int j = 0; j < kMaxHeadElems; ++j) {
-    const int64_t i = lane + 32 * j;
-    float x = round_if(bf16, v[j] * inv);
-    const float partner = __shfl_xor_sync(kFullMask, x, 1);
-    if (i >= offset && i < hd) {
-      const int64_t k = (i - offset) / 2;
-      const bool first = lane % 2 == 0;
-      x = rotated(first, first ? x : partner, first ? partner : x, trig[k], trig[half + k], bf16);
-    }
-    if (i < hd) qr[i] = x;
-  }
 }
 
 __global__ void kv_norm_rope_fp8_kernel(const float* x, const float* w, int64_t hd, float eps, const float* freqs,
@@ -121,20 +82,6 @@ __global__ void kv_norm_rope_fp8_kernel(const float* x, const float* w, int64_t 
 }
 
 }  // namespace
-
-void CudaBackend::head_norm_rope(float* q, int64_t T, int64_t H, int64_t hd, double eps, const RopeFreqs& freqs,
-                                 int64_t p0) {
-  const int64_t half = int64_t(freqs.freqs.size());
-  if (hd > 32 * kMaxHeadElems || half > kMaxHalf || 2 * half > hd || hd % 2 != 0 || T >= 65536)
-    return Backend::head_norm_rope(q, T, H, hd, eps, freqs, p0);
-  Timed timed(*this, "head_norm_rope");
-  if (T * H == 0) return;
-  const int64_t groups = (H + kHeadsPerBlock - 1) / kHeadsPerBlock;
-  DSV4_CUDA_REQUIRE(groups < 65536, "head_norm_rope: ", H, " heads");
-  launch(head_norm_rope_kernel, dim3(unsigned(T), unsigned(groups)), 32 * kHeadsPerBlock, 0, stream_, q, H, hd,
-         float(eps), device_floats(freqs.freqs), half, p0, deepseek());
-  DSV4_CUDA_LAUNCHED("head_norm_rope");
-}
 
 void CudaBackend::kv_norm_rope_fp8(const float* x, const float* w, int64_t rows, int64_t hd, double eps,
                                    const RopeFreqs& freqs, int64_t p0, int64_t pos_step, int64_t nope, float* y) {
