@@ -1,6 +1,7 @@
 // The forward pass as a story (architecture.md §3.1–§3.2): embed into hc streams, then per layer an
 // attention sublayer and a MoE sublayer, each wrapped in mHC pre/post (one sublayer's post and the
-// next one's pre are one op); finally the HC head, the norm and the LM head. Layer-major: a chunk of tokens passes through one layer before the next.
+// next one's pre are one op); finally the HC head, the norm and the LM head. Layer-major: a chunk
+// of tokens passes through one layer before the next.
 // A batch is several sequences' chunks as one set of rows (forward_batch); forward() is a batch of one.
 #include <cmath>
 

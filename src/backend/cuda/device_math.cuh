@@ -26,6 +26,11 @@ __device__ inline float sin_f(float x) { return float(sin(double(x))); }
 __device__ inline float cos_f(float x) { return float(cos(double(x))); }
 __device__ inline float softplus_f(float x) { return x > 20.0f ? x : float(log1p(exp(double(x)))); }
 
+// RMSNorm's 1/RMS of a row of n from its sum of squares in double (§3.0): rsqrt(fp32(mean) + eps).
+__device__ inline float rms_inverse(double sum_squares, int64_t n, float eps) {
+  return rsqrt_f(float(sum_squares / double(n)) + eps);
+}
+
 // Rounds to bf16 where the reference does (deepseek numerics); identity in plain.
 __device__ inline float round_if(bool bf16, float x) { return bf16 ? round_bf16(x) : x; }
 

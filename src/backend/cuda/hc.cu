@@ -39,7 +39,7 @@ __device__ float stream_rms_inverse(const float* x, int64_t n, float eps, double
   double sum = 0.0;
   for_each_element(x, n, [&](float v, int64_t) { sum += double(v) * double(v); });
   sum = block_sum(sum, scratch);
-  return rsqrt_f(float(sum / double(n)) + eps);
+  return rms_inverse(sum, n, eps);
 }
 
 // Sinkhorn projection of the hc×hc comb logits in one warp's registers: lane j·hc + k holds
@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(kTokenThreads) hc_pre_kernel(HcArgs a, const f
     if (!w) return;
   }
   // The norm (parts = 1, every thread of the block here): the collapse's threads reread their d.
-  const float inv = rsqrt_f(float(block_sum(squares, scratch) / double(a.D)) + a.norm_eps);
+  const float inv = rms_inverse(block_sum(squares, scratch), a.D, a.norm_eps);
   if (sinkhorn_warp) return;
   const float* ut = u + t * a.D;
   float* xt = x_norm + t * a.D;
@@ -312,7 +312,7 @@ __global__ void __launch_bounds__(kStepThreads) hc_step_kernel(HcStepArgs s) {
   for (int64_t c = warp; c <= mix_n; c += warps) {  // a warp per column of the partials
     const double sum = slice_sum(part + c, mix_n + 1, slices);
     if (lane == 0 && c < mix_n) mix[c] = float(sum);
-    if (lane == 0 && c == mix_n) norm_inv[0] = rsqrt_f(float(sum / double(hc * D)) + a.norm_eps);
+    if (lane == 0 && c == mix_n) norm_inv[0] = rms_inverse(sum, hc * D, a.norm_eps);
   }
   __syncthreads();
   const float rs = norm_inv[0];
@@ -330,7 +330,7 @@ __global__ void __launch_bounds__(kStepThreads) hc_step_kernel(HcStepArgs s) {
 
   if (warp == 0) {
     const double sum = slice_sum(part_u, 1, slices);
-    if (lane == 0) norm_inv[1] = rsqrt_f(float(sum / double(D)) + a.norm_eps);
+    if (lane == 0) norm_inv[1] = rms_inverse(sum, D, a.norm_eps);
   }
   __syncthreads();
   const float inv = norm_inv[1];

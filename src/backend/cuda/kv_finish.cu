@@ -17,6 +17,7 @@
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/quant.cuh"
+#include "backend/cuda/rope.cuh"
 
 namespace dsv4::cuda {
 
@@ -24,31 +25,13 @@ namespace {
 
 constexpr int kMaxHalf = 256;  // RoPE pairs per row
 
-// cos and sin of position p's `half` angles into trig ([half] cos, then [half] sin), by the
-// block's threads (freqs is a weight: read before the previous kernel is awaited); ends with a
-// barrier.
-__device__ inline void rope_trig(float p, const float* freqs, int64_t half, float* trig) {
-  for (int64_t k = threadIdx.x; k < half; k += blockDim.x) {
-    const float angle = p * freqs[k];
-    trig[k] = cos_f(angle);
-    trig[half + k] = sin_f(angle);
-  }
-  __syncthreads();
-}
-
-// The rotation of pair (a, b) by (c, s), rounded once.
-__device__ inline float rotated(bool first, float a, float b, float c, float s, bool bf16) {
-  const double da = a, db = b;
-  return round_if(bf16, float(first ? da * c - db * s : da * s + db * c));
-}
-
 __global__ void kv_norm_rope_fp8_kernel(const float* x, const float* w, int64_t hd, float eps, const float* freqs,
                                         int64_t half, int64_t p0, int64_t pos_step, int64_t nope, bool deepseek,
                                         float* y) {
   __shared__ double scratch[32];
   __shared__ float trig[2 * kMaxHalf];
   const int64_t row = blockIdx.x, d0 = int64_t(threadIdx.x) * kRowGroup;
-  rope_trig(float(p0 + row * pos_step), freqs, half, trig);
+  rope_trig(float(p0 + row * pos_step), freqs, half, false, trig);  // (freqs: a weight, read before the wait)
   await_previous_kernel();
   float v[kRowGroup] = {};
   if (d0 < hd) load4(x + row * hd, d0, hd, true, v);  // (hd a multiple of 4, rows 16-byte aligned: the host checks)
@@ -56,7 +39,7 @@ __global__ void kv_norm_rope_fp8_kernel(const float* x, const float* w, int64_t 
 #pragma unroll
   for (int u = 0; u < kRowGroup; ++u) sum += double(v[u]) * double(v[u]);
   sum = block_sum(sum, scratch);
-  const float inv = rsqrt_f(float(sum / double(hd)) + eps);
+  const float inv = rms_inverse(sum, hd, eps);
 #pragma unroll
   for (int u = 0; u < kRowGroup; ++u) v[u] = d0 + u < hd ? round_if(deepseek, w[d0 + u] * (v[u] * inv)) : 0.0f;
   const int64_t offset = hd - 2 * half;  // even: a thread's two pairs are (d0, d0 + 1) and (d0 + 2, d0 + 3)

@@ -36,7 +36,7 @@ __global__ void rms_norm_kernel(const float* x, const float* w, int64_t n, float
     sum += double(v) * double(v);
   });
   sum = block_sum(sum, scratch);
-  const float inv = rsqrt_f(float(sum / double(n)) + eps);
+  const float inv = rms_inverse(sum, n, eps);
   for_each_element(xr, n, [&](float x, int64_t i) {
     const float v = x * inv;
     yr[i] = round_if(bf16, w ? w[i] * v : v);

@@ -10,6 +10,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/rope.cuh"
 
 namespace dsv4::cuda {
 
@@ -23,21 +24,15 @@ __global__ void rope_kernel(float* x, int64_t group, int64_t row_stride, const f
   await_previous_kernel();
   extern __shared__ float trig[];  // [half] cos, then [half] sin (negated for the inverse)
   const int64_t i = blockIdx.x, h0 = int64_t(blockIdx.y) * kHeadsPerBlock;
-  const float p = float(pos0 + i * pos_step);
-  for (int64_t k = threadIdx.x; k < half; k += blockDim.x) {
-    const float angle = p * freqs[k];
-    trig[k] = cos_f(angle);
-    trig[half + k] = inverse ? -sin_f(angle) : sin_f(angle);
-  }
-  __syncthreads();
+  rope_trig(float(pos0 + i * pos_step), freqs, half, inverse, trig);
   const int64_t heads = min(kHeadsPerBlock, group - h0), offset = row_stride - 2 * half;
   for (int64_t e = threadIdx.x; e < heads * half; e += blockDim.x) {
     const int64_t h = h0 + e / half, k = e % half;
     const float c = trig[k], s = trig[half + k];
     float* v = x + (i * group + h) * row_stride + offset + 2 * k;
-    const double a = v[0], b = v[1];
-    v[0] = round_if(bf16, float(a * c - b * s));
-    v[1] = round_if(bf16, float(a * s + b * c));
+    const float a = v[0], b = v[1];
+    v[0] = rotated(true, a, b, c, s, bf16);
+    v[1] = rotated(false, a, b, c, s, bf16);
   }
 }
 
