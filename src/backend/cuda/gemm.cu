@@ -41,8 +41,8 @@
 //
 // deepseek-tc leaves these kernels for the tensor cores where it can: many rows through cuBLASLt
 // (gemm_tc.cu), the routed FP4 experts of many rows on the FP8 mma (gemm_experts_tc.cu), and the
-// quantized FP8 products and the routed FP4 experts of a few rows (decode) on mma.sync (gemv_tc.cu),
-// with little or no per-code integer work.
+// quantized FP8 products, the routed FP4 experts and the bf16 products of a few rows (decode) on
+// mma.sync (gemv_tc.cu), with little or no per-code integer work.
 #include <cuda_fp8.h>
 
 #include <algorithm>
@@ -600,6 +600,12 @@ void CudaBackend::gemm(const GemmRequest& r, const SwigluUp* swiglu) {
   if (tensor_cores && !tiled) {
     quantized_x_ = {};  // as after every product without quantization (below)
     tensor_cores_->run_unquantized(r, memory_);
+    return;
+  }
+  // deepseek-tc: the bf16 products of fewer rows on the bf16 mma.sync (gemv_tc.cu).
+  if (numerics() == Numerics::deepseek_tc && !tiled && tc_gemv_bf16_handles(r)) {
+    quantized_x_ = {};
+    tc_gemv_bf16(r, rounds_output(r.compute), sm_count_, stream_);
     return;
   }
   // deepseek-tc: the routed FP4 experts of many rows on the FP8 tensor cores, from the activations'

@@ -113,4 +113,13 @@ bool tc_gemv_handles(const GemmRequest& r);
 void tc_gemv(const GemmRequest& r, const SwigluUp* swiglu, const uint8_t* x_codes, const float* x_scales, int sm_count,
              cudaStream_t stream);
 
+// deepseek-tc's bf16 products (Compute::bf16, and f32_bf16_in: x holds bf16 values) of fewer than
+// TensorCoreGemm::kMinRows token rows on the bf16 mma.sync, fp32 accumulation (gemv_tc.cu). Whether
+// it takes r: FP8 weights with K a multiple of 128 and row0 of 16, or BF16 ones with K a multiple of
+// 64; x 16-byte aligned rows. A table gives row m of x its own view (the grouped output projection).
+bool tc_gemv_bf16_handles(const GemmRequest& r);
+// y[t, 0 : rows) = x[t / x_div] · W_tᵀ[row0 : row0+rows] with x rounded to bf16 and the weights
+// dequantized; y rounded to bf16 when round_out. Requires tc_gemv_bf16_handles(r).
+void tc_gemv_bf16(const GemmRequest& r, bool round_out, int sm_count, cudaStream_t stream);
+
 }  // namespace dsv4::cuda

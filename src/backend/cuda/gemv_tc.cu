@@ -31,6 +31,17 @@
 // Both kernels also come in a form of two matrices (an FFN's gate and up, SwigluUp): each lane
 // streams its rows of both against the one x it loads (and, FP4, converts) once, and the epilogue
 // writes swiglu_f of the two bf16 sums, exactly what the separate launches and swiglu_kernel give.
+//
+// The bf16 products of a few token rows (Compute::bf16, and f32_bf16_in, whose x holds bf16 values)
+// take the same tiles and split on the bf16 mma (m16n8k16, fp32 accumulation), as the cuBLASLt path
+// of many rows does; the exact kernel reached ≈ 1.1 TB/s on them (wo_a, the compressors', the
+// head). A lane's 16-byte word of a row is 16 FP8 codes, made bf16 exactly (e4m3 → f16 in hardware,
+// then bf16), or 8 bf16 values: four a mma step, in the same K permutation as above. Its x is the
+// fp32 row rounded to bf16 (no change to bf16 values). The ring holds units of 128 bytes of a row:
+// an FP8 K block, whose partial is scaled by the weight's block scale (the exact kernel's
+// dequantized weight), or 64 bf16 values, summed straight into the accumulator. With a table (the
+// grouped output projection: row m of x through view view_of_row[m]) every row is its own group
+// and column 0 is read, as for the FP4 experts.
 #include <cuda_runtime.h>
 
 #include "backend/cuda/device_math.cuh"
@@ -56,6 +67,9 @@ struct TcGemvArgs {
   const int32_t* view_of_row;
   int64_t n_views;
   SwigluUp up;  // kernels of two matrices: the up half (W, table the gate's); y receives h
+  const float* xf;    // the bf16 products' x: fp32 rows of x_stride
+  int64_t x_stride;
+  bool round_out;     // the bf16 products: y rounded to bf16 (Compute::bf16)
 };
 
 // Matrix q of the lane's product: the gate (or the one matrix), then the up.
@@ -363,6 +377,105 @@ __global__ void __launch_bounds__(kWarps * 32) tc_gemv_fp4_kernel(TcGemvArgs a) 
   }
 }
 
+// Two e4m3 codes of a word (bytes 0, 1, or 2, 3 when high) as bf16x2, exactly: every e4m3 value is
+// an f16 and a bf16.
+__device__ __forceinline__ uint32_t e4m3x2_as_bf16x2(uint32_t w, bool high) {
+  uint32_t d;
+  asm("{ .reg .b16 lo, hi; .reg .f32 a, b; mov.b32 {lo, hi}, %1; cvt.f32.f16 a, lo; cvt.f32.f16 b, hi;"
+      " cvt.rn.bf16x2.f32 %0, b, a; }"
+      : "=r"(d)
+      : "r"(e4m3x2_as_f16x2(w, high)));
+  return d;
+}
+
+// The bf16 mma steps of one unit (128 bytes of each of the lane's rows, at 16·i and 64 + 16·i):
+// step p of word h takes the lane's values 4p … 4p + 3 of it, and of x (fp32, from the lane's first
+// value of the unit), as A[g][2i..], A[g][8 + 2i..] and b0, b1.
+template <int kFmt>
+__device__ __forceinline__ void unit_products(const WeightWords& w, const float* x, float (&c)[4]) {
+  constexpr int V = kFmt == kFp8 ? 16 : 8;  // values in 16 bytes of a row
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int p = 0; p < V / 4; ++p) {
+      const float4 v = __ldg(reinterpret_cast<const float4*>(x + 4 * V * h + 4 * p));
+      uint32_t A[4];
+      if constexpr (kFmt == kFp8) {
+        const uint32_t lo = word_of(w.lo[h], p), hi = word_of(w.hi[h], p);
+        A[0] = e4m3x2_as_bf16x2(lo, false), A[1] = e4m3x2_as_bf16x2(hi, false);
+        A[2] = e4m3x2_as_bf16x2(lo, true), A[3] = e4m3x2_as_bf16x2(hi, true);
+      } else {
+        A[0] = word_of(w.lo[h], 2 * p), A[1] = word_of(w.hi[h], 2 * p);
+        A[2] = word_of(w.lo[h], 2 * p + 1), A[3] = word_of(w.hi[h], 2 * p + 1);
+      }
+      mma_bf16(c, A, bf16x2_bits(v.x, v.y), bf16x2_bits(v.z, v.w));
+    }
+}
+
+// Grid (tile groups of kWarps / S tiles, token groups of kTokens, or with a table the rows of x);
+// see the top.
+template <int kFmt>
+__global__ void __launch_bounds__(kWarps * 32) tc_gemv_bf16_kernel(TcGemvArgs a) {
+  __shared__ float sums[kWarps][32][4];
+  constexpr int V = kFmt == kFp8 ? 16 : 8;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, i = lane % 4;
+  const int S = a.split, tiles_per_block = kWarps / S, tile = blockIdx.x * tiles_per_block + warp / S, s = warp % S;
+  const int64_t r_base = int64_t(tile) * kTileRows, m0 = int64_t(blockIdx.y) * (a.table ? 1 : kTokens);
+  LinearView W = a.W;
+  if (a.table) {
+    await_previous_kernel();  // the views of the rows may come from the kernels before
+    const int32_t v = a.view_of_row[m0];
+    if (v < 0 || v >= a.n_views) {  // no view: zeros (as on the CPU)
+      const int64_t first = int64_t(blockIdx.x) * tiles_per_block * kTileRows;
+      for (int64_t r = first + threadIdx.x; r < min(a.rows, first + tiles_per_block * kTileRows); r += blockDim.x)
+        a.y[m0 * a.y_stride + r] = 0.0f;
+      return;
+    }
+    W = a.table[v];
+  }
+  const int nt = a.table ? 1 : int(min(int64_t(kTokens), a.T - m0));
+  const int64_t n_units = a.K / (8 * V), nb = row_bytes(kFmt, a.K), last = a.row0 + a.rows - 1;
+  const uint8_t* lo = W.data + min(a.row0 + r_base + g, last) * nb + 16 * i;  // past the end: not written
+  const uint8_t* hi = W.data + min(a.row0 + r_base + g + 8, last) * nb + 16 * i;
+  const uint8_t* s_w = kFmt == kFp8 ? scale_row<kFp8>(W, min(a.row0 + r_base, last)) : nullptr;
+  // Lane g's token (columns past nt repeat the last one and are not written).
+  const float* x = a.xf + (m0 + min(g, nt - 1)) / a.x_div * a.x_stride + V * i;
+
+  float acc[4] = {};
+  constexpr int kD = kDepth<1>;
+  WeightWords ahead[kD];
+#pragma unroll
+  for (int d = 0; d < kD; ++d)
+    if (s + d * S < n_units) load_weights(ahead[d], lo, hi, 128 * (s + d * S));
+  if (!a.table) await_previous_kernel();  // (weights are never written by a kernel)
+  for_k_blocks<kD>(s, S, n_units, [&](int d, int64_t u, int64_t refill) {
+    const WeightWords now = ahead[d];
+    if (refill < n_units) load_weights(ahead[d], lo, hi, 128 * refill);
+    if constexpr (kFmt == kFp8) {
+      float c[4] = {};
+      unit_products<kFmt>(now, x + 8 * V * u, c);
+      const float sw = scale_at(s_w, u, W.scale_is_f32);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[e] += c[e] * sw;
+    } else {
+      unit_products<kFmt>(now, x + 8 * V * u, acc);
+    }
+  });
+#pragma unroll
+  for (int e = 0; e < 4; ++e) sums[warp][lane][e] = acc[e];
+  __syncthreads();
+  if (s != 0) return;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int64_t row = r_base + g + 8 * (e / 2);
+    const int n = 2 * i + e % 2;
+    if (row >= a.rows || n >= nt) continue;
+    float v = 0.0f;
+    for (int p = 0; p < S; ++p) v += sums[warp + p][lane][e];
+    a.y[(m0 + n) * a.y_stride + row] = a.round_out ? round_bf16(v) : v;
+  }
+}
+
 }  // namespace
 
 bool tc_gemv_handles(const GemmRequest& r) {
@@ -372,24 +485,44 @@ bool tc_gemv_handles(const GemmRequest& r) {
          r.row0 % kTileRows == 0 && r.rows > 0;
 }
 
-void tc_gemv(const GemmRequest& r, const SwigluUp* swiglu, const uint8_t* x_codes, const float* x_scales, int sm_count,
-             cudaStream_t stream) {
-  // Token groups of kTokens; with a table every row is its own group (its own matrix).
+bool tc_gemv_bf16_handles(const GemmRequest& r) {
+  const bool bf16_operands = r.compute == Compute::bf16 || r.compute == Compute::f32_bf16_in;
+  const bool x_vec = reinterpret_cast<uintptr_t>(r.x) % 16 == 0 && r.x_stride % 4 == 0;
+  const bool fp8 = r.W.format == kFp8 && r.W.in % 128 == 0 && r.row0 % kTileRows == 0;
+  const bool bf16 = r.W.format == kBf16 && r.W.in % 64 == 0;
+  return bf16_operands && (fp8 || bf16) && x_vec && r.T < TensorCoreGemm::kMinRows && r.rows > 0;
+}
+
+namespace {
+
+// The arguments and grid of a decode product on mma.sync: tiles of kTileRows rows, token groups of
+// kTokens (with a table, every row its own group), and S, the fewest warps per tile that give every
+// SM 16 warps' products while each keeps a unit of the ring (a warp of the SwiGLU's kernels makes
+// two products; their 120–128 registers leave room for two blocks per SM, so a split counted in
+// warps would take two waves).
+TcGemvArgs gemv_args(const GemmRequest& r, int64_t n_units, int mats, int sm_count, dim3& grid) {
   const int64_t tiles = (r.rows + kTileRows - 1) / kTileRows, groups = r.table ? r.T : (r.T + kTokens - 1) / kTokens;
-  const int64_t n_blocks = r.W.in / 128;
-  // S: the fewest warps per tile that give every SM 16 warps' products, while each keeps a K block (a
-  // warp of the SwiGLU's kernels makes two; their 120–128 registers leave room for two blocks per
-  // SM, so a split counted in warps would take two waves).
-  const int64_t products = tiles * groups * (swiglu ? 2 : 1);
+  const int64_t products = tiles * groups * mats;
   int split = 1;
-  while (split < kWarps && 2 * split <= n_blocks && products * split < 16 * int64_t(sm_count)) split *= 2;
+  while (split < kWarps && 2 * split <= n_units && products * split < 16 * int64_t(sm_count)) split *= 2;
   const int64_t tile_groups = (tiles + kWarps / split - 1) / (kWarps / split);
   DSV4_CUDA_REQUIRE(groups < 65536 && tile_groups < (int64_t(1) << 31), "tc_gemv: ", r.T, " tokens × ", r.rows,
                     " rows exceed the launch limits");
+  grid = dim3{unsigned(tile_groups), unsigned(groups)};
   TcGemvArgs a{};
-  a.W = r.W, a.x = x_codes, a.sx = x_scales, a.n_src = r.source_rows(), a.x_div = r.x_div, a.K = r.W.in, a.T = r.T;
+  a.W = r.W, a.n_src = r.source_rows(), a.x_div = r.x_div, a.K = r.W.in, a.T = r.T;
   a.y = r.y, a.y_stride = r.y_stride, a.row0 = r.row0, a.rows = r.rows, a.split = split;
   a.table = r.table, a.view_of_row = r.view_of_row, a.n_views = r.n_views;
+  return a;
+}
+
+}  // namespace
+
+void tc_gemv(const GemmRequest& r, const SwigluUp* swiglu, const uint8_t* x_codes, const float* x_scales, int sm_count,
+             cudaStream_t stream) {
+  dim3 grid;
+  TcGemvArgs a = gemv_args(r, r.W.in / 128, swiglu ? 2 : 1, sm_count, grid);
+  a.x = x_codes, a.sx = x_scales;
   if (swiglu) {
     DSV4_CUDA_REQUIRE(r.table ? swiglu->table != nullptr
                               : swiglu->W.format == r.W.format && swiglu->W.in == r.W.in &&
@@ -397,11 +530,19 @@ void tc_gemv(const GemmRequest& r, const SwigluUp* swiglu, const uint8_t* x_code
                       "tc_gemv: the SwiGLU's up matrix does not match its gate");
     a.up = *swiglu;
   }
-  const dim3 grid{unsigned(tile_groups), unsigned(groups)};
   void (*kernel)(TcGemvArgs) = r.table ? (swiglu ? tc_gemv_fp4_kernel<2> : tc_gemv_fp4_kernel<1>)
                                        : (swiglu ? tc_gemv_kernel<2> : tc_gemv_kernel<1>);
   launch(kernel, grid, kWarps * 32, 0, stream, a);
   DSV4_CUDA_LAUNCHED("tc_gemv");
+}
+
+void tc_gemv_bf16(const GemmRequest& r, bool round_out, int sm_count, cudaStream_t stream) {
+  const bool fp8 = r.W.format == kFp8;
+  dim3 grid;
+  TcGemvArgs a = gemv_args(r, r.W.in / (fp8 ? 128 : 64), 1, sm_count, grid);
+  a.xf = r.x, a.x_stride = r.x_stride, a.round_out = round_out;
+  launch(fp8 ? tc_gemv_bf16_kernel<kFp8> : tc_gemv_bf16_kernel<kBf16>, grid, kWarps * 32, 0, stream, a);
+  DSV4_CUDA_LAUNCHED("tc_gemv_bf16");
 }
 
 }  // namespace dsv4::cuda

@@ -7,8 +7,9 @@
 // tensor cores too: their products are exact, so only the order of the fp32 sum differs. The
 // quantized FP8 products run on cuBLASLt, or on a Hopper on our own kernel (gemm_fp8_tc.cu) where K
 // is short or the token count one cuBLASLt cannot take; off a Hopper such token counts stay on the
-// exact kernels, bit for bit. Below the row threshold the quantized FP8 products run on mma.sync
-// (gemv_tc.cu), and the bf16 ones, and FP8 rows from a row0 that is no multiple of 16, stay exact.
+// exact kernels, bit for bit. Below the row threshold the quantized FP8 products and the bf16 ones
+// run on mma.sync (gemv_tc.cu), the grouped output projection's among them; FP8 rows from a row0
+// that is no multiple of 16, and bf16 products of a K no multiple of 64, stay exact.
 #include "backend/cuda/gemm_tc.h"
 #include "twin.h"
 
@@ -23,6 +24,7 @@ struct TcCase {
   Compute compute;
   int64_t T, out, in;
   int64_t row0 = 0, rows = 0;  // rows 0: all of them
+  int64_t groups = 0;           // > 0: Backend::grouped_linear over x of groups · in columns (rows: all)
 };
 
 // W with every weight's sign cleared (FP8: bit 7 of each code; BF16: bit 15, F32: bit 31 of each value).
@@ -39,7 +41,8 @@ std::vector<float> product(Backend& b, const model::Linear& W, Compute compute, 
                            const TcCase& c, int64_t rows, const std::string& name) {
   Side s(b);
   float* y = s.out(size_t(c.T * rows));
-  s->linear(W, compute, s.in(x), c.in, c.T, y, rows, c.row0, rows);
+  if (c.groups > 0) s->grouped_linear(W, compute, s.in(x), c.T, c.groups, y);
+  else s->linear(W, compute, s.in(x), c.in, c.T, y, rows, c.row0, rows);
   std::vector<float> v = s.read(y, size_t(c.T * rows));
   EXPECT_EQ(s.stray_writes(), 0) << name << " on " << b.name();
   return v;
@@ -70,14 +73,24 @@ TEST(CudaTensorCores, ProductsWithinTheAccumulatorBound) {
                           // decode-sized (mma.sync): one token, a partial tile from row0 16, two
                           // token groups, the largest count below cuBLASLt's
                           TcCase{fp8, q, 1, 512, 1024}, TcCase{fp8, q, 5, 400, 2048, 16, 272}, TcCase{fp8, q, 9, 256, 512},
-                          TcCase{fp8, q, 31, 128, 1024}}) {
+                          TcCase{fp8, q, 31, 128, 1024},
+                          // decode-sized bf16 products: FP8 weights dequantized (a partial tile from
+                          // row0 16), BF16 ones (rows from a row0 no multiple of 8), the compressor's
+                          // and the head's fp32 products of bf16 values, two token groups, and the
+                          // grouped output projection (a view of W per row of x; T 3: 24 views)
+                          TcCase{fp8, bf16, 1, 512, 1024}, TcCase{fp8, bf16, 5, 400, 2048, 16, 272},
+                          TcCase{wbf16, bf16, 1, 64, 4096}, TcCase{wbf16, bf16, 9, 300, 256, 8, 96},
+                          TcCase{wbf16, f32_bf16, 1, 1024, 4096}, TcCase{wbf16, f32_bf16, 31, 96, 512, 3, 88},
+                          TcCase{fp8, bf16, 1, 8 * 256, 512, 0, 0, 8}, TcCase{fp8, bf16, 3, 8 * 128, 256, 0, 0, 8},
+                          TcCase{wbf16, bf16, 2, 4 * 64, 128, 0, 0, 4}}) {
     const int64_t rows = c.rows ? c.rows : c.out;
     const std::string kind = c.compute == q ? "/quantized" : c.compute == bf16 ? "/bf16" : "/f32 of bf16";
     const std::string name = std::string("tc ") + model::to_string(c.format) + kind + " T" + std::to_string(c.T) +
                              " " + std::to_string(c.out) + "x" + std::to_string(c.in) + " rows " +
-                             std::to_string(c.row0) + "+" + std::to_string(rows);
+                             std::to_string(c.row0) + "+" + std::to_string(rows) +
+                             (c.groups ? " G" + std::to_string(c.groups) : "");
     auto W = random_linear(name + ".w", c.format, c.out, c.in);
-    const std::vector<float> x = random_bf16(name + ".x", size_t(c.T * c.in));
+    const std::vector<float> x = random_bf16(name + ".x", size_t(c.T * c.in * std::max<int64_t>(c.groups, 1)));
     std::vector<float> abs_x = x;
     for (float& v : abs_x) v = std::abs(v);
     const std::vector<float> ref = product(*make_cpu_backend(Numerics::deepseek), W->W, c.compute, x, c, rows, name);
@@ -127,46 +140,66 @@ TEST(CudaTensorCores, ProductsWithinTheAccumulatorBound) {
   }
 }
 
-// A product whose 128-block partial the exact kernels and mma.sync round differently, which shows
-// that the decode-sized quantized products ran on the tensor cores (their random cases above round
-// to the same bf16: mma.sync's fp32 steps lose less than a bf16 rounding hides). Every row holds
-// 448 at k = 0, 2^-6 at k = 8 and -448 at k = 64 (scales 1), and x the same with +448 at k = 64:
-// exactly 2^-12, while the mma steps add 448² (k 0…7), then 2^-12 (k 8…15: lost below the ulp of
-// 448², 2^-6), then -448² (k 64…71): 0.
+// A product whose partial sums the exact kernels and mma.sync round differently, which shows that
+// the decode-sized products ran on the tensor cores (their random cases above round to the same
+// bf16: mma.sync's fp32 steps lose less than a bf16 rounding hides). Every row holds 448 at k = 0,
+// 2^-6 at k = 8 and -448 at k = U, and x the same with +448 at U: exactly 2^-12, while the mma
+// steps add 448², then 2^-12 (lost below the ulp of 448², 2^-6), then -448²: 0. Quantized FP8: U = 64,
+// inside one K block's partial; bf16 products: U is the next unit of the kernel's ring (an FP8 K
+// block of 128, 64 bf16 values), summed after the first unit's fp32 partial (by the same warp or
+// the next).
 TEST(CudaTensorCores, FewRowsSumOnTheTensorCores) {
   DSV4_REQUIRE_GPU();
-  const int64_t out = 16, in = 128;
-  auto W = random_linear("tc cancel.w", WeightFormat::fp8, out, in);
-  std::fill(W->data.begin(), W->data.end(), uint8_t(0));
-  std::fill(W->scale.begin(), W->scale.end(), uint8_t(127));  // E8M0 1.0
-  for (int64_t r = 0; r < out; ++r) {
-    W->data[size_t(r * in)] = 0x7e;        // 448
-    W->data[size_t(r * in + 8)] = 0x08;    // 2^-6
-    W->data[size_t(r * in + 64)] = 0xfe;   // -448
-  }
-  for (int64_t T : {1, 9}) {
-    const TcCase c{WeightFormat::fp8, Compute::quantized, T, out, in};
-    std::vector<float> x(size_t(T * in), 0.0f);
-    for (int64_t t = 0; t < T; ++t) x[size_t(t * in)] = x[size_t(t * in + 64)] = 448.0f, x[size_t(t * in + 8)] = 0x1p-6f;
-    const std::vector<float> ref = product(*make_cpu_backend(Numerics::deepseek), W->W, c.compute, x, c, out, "cancel");
-    const std::vector<float> got = product(*make_cuda_backend(Numerics::deepseek_tc), W->W, c.compute, x, c, out, "cancel");
-    for (size_t i = 0; i < ref.size(); ++i) {
-      ASSERT_EQ(ref[i], 0x1p-12f) << "T" << T << " output " << i << ": the exact partial";
-      ASSERT_EQ(got[i], 0.0f) << "T" << T << " output " << i << ": the mma steps' partial";
+  struct Cancel {
+    WeightFormat format;
+    Compute compute;
+    int64_t at, in;  // U; K
+  };
+  const int64_t out = 16;
+  for (const Cancel& k : {Cancel{WeightFormat::fp8, Compute::quantized, 64, 128},
+                          Cancel{WeightFormat::fp8, Compute::bf16, 128, 256},
+                          Cancel{WeightFormat::bf16, Compute::bf16, 64, 128},
+                          Cancel{WeightFormat::bf16, Compute::f32_bf16_in, 64, 128}}) {
+    const std::string name = std::string("cancel ") + model::to_string(k.format) +
+                             (k.compute == Compute::quantized ? " quantized" : k.compute == Compute::bf16 ? " bf16" : " f32 of bf16");
+    auto W = random_linear(name + ".w", k.format, out, k.in);
+    std::fill(W->data.begin(), W->data.end(), uint8_t(0));
+    std::fill(W->scale.begin(), W->scale.end(), uint8_t(127));  // E8M0 1.0
+    // The weight at column i of row r: an e4m3 code, or bf16 bits (little-endian).
+    auto set = [&](int64_t r, int64_t i, uint8_t e4m3, uint16_t bf16) {
+      if (k.format == WeightFormat::fp8) W->data[size_t(r * k.in + i)] = e4m3;
+      else W->data[size_t(2 * (r * k.in + i))] = uint8_t(bf16), W->data[size_t(2 * (r * k.in + i) + 1)] = uint8_t(bf16 >> 8);
+    };
+    for (int64_t r = 0; r < out; ++r) {
+      set(r, 0, 0x7e, 0x43e0);     // 448
+      set(r, 8, 0x08, 0x3c80);     // 2^-6
+      set(r, k.at, 0xfe, 0xc3e0);  // -448
+    }
+    for (int64_t T : {1, 9}) {
+      const TcCase c{k.format, k.compute, T, out, k.in};
+      std::vector<float> x(size_t(T * k.in), 0.0f);
+      for (int64_t t = 0; t < T; ++t)
+        x[size_t(t * k.in)] = x[size_t(t * k.in + k.at)] = 448.0f, x[size_t(t * k.in + 8)] = 0x1p-6f;
+      const std::vector<float> ref = product(*make_cpu_backend(Numerics::deepseek), W->W, c.compute, x, c, out, name);
+      const std::vector<float> got = product(*make_cuda_backend(Numerics::deepseek_tc), W->W, c.compute, x, c, out, name);
+      for (size_t i = 0; i < ref.size(); ++i) {
+        ASSERT_EQ(ref[i], 0x1p-12f) << name << " T" << T << " output " << i << ": the exact sum";
+        ASSERT_EQ(got[i], 0.0f) << name << " T" << T << " output " << i << ": the mma steps' sum";
+      }
     }
   }
 }
 
-// Decode-sized bf16 products, and quantized FP8 rows from a row0 that is no multiple of 16 (which
-// would split a tile of 16 over two scale blocks), keep the exact kernels.
+// Decode-sized quantized FP8 rows from a row0 that is no multiple of 16 (which would split a tile of
+// 16 over two scale blocks), and bf16 products of a K no multiple of 64, keep the exact kernels.
 TEST(CudaTensorCores, FewRowsOffTheTensorCoresStayExact) {
   DSV4_REQUIRE_GPU();
-  const int64_t T = cuda::TensorCoreGemm::kMinRows - 1, out = 256, in = 1024;
-  for (const TcCase& c : {TcCase{WeightFormat::fp8, Compute::bf16, T, out, in},
-                          TcCase{WeightFormat::fp8, Compute::quantized, T, out, in, 8, 128}}) {
+  const int64_t T = cuda::TensorCoreGemm::kMinRows - 1, out = 256;
+  for (const TcCase& c : {TcCase{WeightFormat::fp8, Compute::quantized, T, out, 1024, 8, 128},
+                          TcCase{WeightFormat::bf16, Compute::bf16, T, out, 96}}) {
     const int64_t rows = c.rows ? c.rows : c.out;
-    auto W = random_linear("tc few rows.w", WeightFormat::fp8, out, in);
-    const std::vector<float> x = random_bf16("tc few rows.x", size_t(T * in));
+    auto W = random_linear("tc few rows.w", c.format, out, c.in);
+    const std::vector<float> x = random_bf16("tc few rows.x", size_t(T * c.in));
     const std::vector<float> ref = product(*make_cpu_backend(Numerics::deepseek), W->W, c.compute, x, c, rows, "few");
     const std::vector<float> got = product(*make_cuda_backend(Numerics::deepseek_tc), W->W, c.compute, x, c, rows, "few");
     EXPECT_EQ(identical(ref, got), int64_t(ref.size()));
