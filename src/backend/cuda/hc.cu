@@ -34,6 +34,24 @@ constexpr int kTokenThreads = 1024, kPrefillThreads = 256;
 constexpr int64_t kMaxPreSlices = 4;  // hc_pre's blocks over D per token
 constexpr int kMaxHc = 5;  // hc·hc ≤ 32: the Sinkhorn runs in one warp (hc_mult is 4 in every V4 config)
 
+// f(Hc<hc>{}) for a run-time hc in [1, kMaxHc]: code with loops over the streams unrolled and a
+// token's loads issued together (a guard per unrolled step kept each load in a basic block of its
+// own, so they went one at a time).
+template <int kHc>
+struct Hc {
+  static constexpr int value = kHc;
+};
+template <class F>
+__device__ inline void with_hc(int hc, F f) {
+  switch (hc) {
+    case 1: return f(Hc<1>{});
+    case 2: return f(Hc<2>{});
+    case 3: return f(Hc<3>{});
+    case 4: return f(Hc<4>{});
+    default: return f(Hc<kMaxHc>{});
+  }
+}
+
 // rsqrt(mean(x²) + eps) over the flattened hc·D state of one token (a block-wide reduction).
 __device__ float stream_rms_inverse(const float* x, int64_t n, float eps, double* scratch) {
   double sum = 0.0;
@@ -46,29 +64,35 @@ __device__ float stream_rms_inverse(const float* x, int64_t n, float eps, double
 // M[j, k] and gets back its projected value (lanes past hc·hc compute garbage that is not used).
 // A row softmax + eps, a column normalisation, then (iters − 1) row/column normalisation pairs;
 // each element sees the serial loop's arithmetic (its row or column summed in double in index
-// order, then one division). (In shared memory with two block barriers per step, the 40 steps
-// took 17 µs per token.)
-__device__ float sinkhorn(float m, int hc, int64_t iters, float eps) {
-  const int q = threadIdx.x % 32, j = q / hc, k = q % hc;
-  auto element = [&](float v, int r, int c) { return __shfl_sync(kFullMask, v, r * hc + c); };
-  auto row_sum = [&](float v) {
-    double sum = 0.0;
-    for (int i = 0; i < hc; ++i) sum += element(v, j, i);
-    return sum;
+// order, then one division). hc is a template argument so that a sum's shuffles are issued
+// together: with hc known only at run time each took its own round trip, and the 40 steps took
+// 13.5 µs of a decoded token's mHC kernel on an H100 (clock64 stamps). (In shared memory with two
+// block barriers per step, they took 17 µs per token.)
+template <int kHc>
+__device__ float sinkhorn(float m, int64_t iters, float eps) {
+  const int q = threadIdx.x % 32, j = q / kHc, k = q % kHc;
+  // Σ_i of the elements at lanes first + i·step, in index order, in double
+  auto sum = [&](float v, int first, int step) {
+    float e[kHc];
+#pragma unroll
+    for (int i = 0; i < kHc; ++i) e[i] = __shfl_sync(kFullMask, v, first + i * step);
+    double total = 0.0;
+#pragma unroll
+    for (int i = 0; i < kHc; ++i) total += e[i];
+    return total;
   };
-  auto col_sum = [&](float v) {
-    double sum = 0.0;
-    for (int i = 0; i < hc; ++i) sum += element(v, i, k);
-    return sum;
-  };
-  float mx = element(m, j, 0);
-  for (int i = 1; i < hc; ++i) mx = fmaxf(mx, element(m, j, i));
+  float row[kHc];
+#pragma unroll
+  for (int i = 0; i < kHc; ++i) row[i] = __shfl_sync(kFullMask, m, j * kHc + i);
+  float mx = row[0];
+#pragma unroll
+  for (int i = 1; i < kHc; ++i) mx = fmaxf(mx, row[i]);
   m = exp_f(m - mx);
-  m = m / float(row_sum(m)) + eps;
-  m /= float(col_sum(m)) + eps;
+  m = m / float(sum(m, j * kHc, 1)) + eps;
+  m /= float(sum(m, k, kHc)) + eps;
   for (int64_t it = 1; it < iters; ++it) {
-    m /= float(row_sum(m)) + eps;
-    m /= float(col_sum(m)) + eps;
+    m /= float(sum(m, j * kHc, 1)) + eps;
+    m /= float(sum(m, k, kHc)) + eps;
   }
   return m;
 }
@@ -110,12 +134,13 @@ __device__ inline void pre_gates(const HcArgs& a, const float* m, float rs, doub
 
 // The post gates and the Sinkhorn-projected comb of token t (mix row m, stream RMS inverse rs),
 // written by the 32 lanes of one warp.
+template <int kHc>
 __device__ inline void post_and_comb(const HcArgs& a, const float* m, float rs, int64_t t, float* post, float* comb) {
-  const int hc = a.hc, e = threadIdx.x % 32;
-  if (e < hc) post[t * hc + e] = 2.0f * sigmoid_f(m[hc + e] * rs * a.scale1 + a.base[hc + e]);
-  const float logit = e < hc * hc ? m[2 * hc + e] * rs * a.scale2 + a.base[2 * hc + e] : 0.0f;
-  const float projected = sinkhorn(logit, hc, a.sinkhorn_iters, a.hc_eps);
-  if (e < hc * hc) comb[t * hc * hc + e] = projected;
+  const int e = threadIdx.x % 32;
+  if (e < kHc) post[t * kHc + e] = 2.0f * sigmoid_f(m[kHc + e] * rs * a.scale1 + a.base[kHc + e]);
+  const float logit = e < kHc * kHc ? m[2 * kHc + e] * rs * a.scale2 + a.base[2 * kHc + e] : 0.0f;
+  const float projected = sinkhorn<kHc>(logit, a.sinkhorn_iters, a.hc_eps);
+  if (e < kHc * kHc) comb[t * kHc * kHc + e] = projected;
 }
 
 // Grid (T, parts). parts > 1: block (t, s < parts − 1) writes u over the s-th slice of D, block
@@ -137,7 +162,7 @@ __global__ void __launch_bounds__(kTokenThreads) hc_pre_kernel(HcArgs a, const f
   const bool gates_block = int(blockIdx.y) == parts - 1, sinkhorn_warp = gates_block && e < 32;
   double squares = 0.0;
   if (sinkhorn_warp) {
-    post_and_comb(a, m, rs, t, post, comb);
+    with_hc(hc, [&](auto k) { post_and_comb<decltype(k)::value>(a, m, rs, t, post, comb); });
     if (!w) return;
   } else {
     if (gates_block && parts > 1) return;
@@ -212,7 +237,9 @@ __global__ void __launch_bounds__(kPostThreads) hc_post_kernel(const float* a, c
 // Grid (slices + 1, T): block (s < slices, t) owns dims [s·per, s·per + per) of token t on every
 // stream; block (slices, t) makes the token's post gates and comb.
 //   1. Slice blocks: X' = hc_post over the slice, kept in shared memory and written over X; the
-//      slice's partial sums of the mix product x·fnᵀ and of X'² (doubles) into `partials`.
+//      slice's partial sums of the mix product x·fnᵀ and of X'² (doubles) into `partials`: each
+//      thread its values' products with every row of fn (all loads in flight), then per row a warp
+//      sum and the warps' sums in order. (A warp per row, a row's loads at a time, took ≈ 8 µs.)
 //   2. After the barrier, every block: the token's mix and stream RMS from the partials, summed in
 //      slice order. The gates block: post and comb (then it is done). Slice blocks: u over the
 //      slice (collapse), its partial Σu².
@@ -221,10 +248,11 @@ __global__ void __launch_bounds__(kPostThreads) hc_post_kernel(const float* a, c
 // Each value is computed as hc_post_kernel, the GEMV's double path (an exact sum of exact products,
 // rounded once), hc_pre_kernel and rms_norm_kernel compute it: only the order of the double sums
 // differs (device_math.cuh). The slice's rows of fn, a weight, are fetched into L2 before the
-// previous kernel is awaited.
-constexpr int kStepThreads = 256;
-constexpr int kMaxMix = (2 + kMaxHc) * kMaxHc;
-constexpr int kMixLoads = 8;  // loads in flight a lane: a V4-Flash slice's 512 values of a mix row in two rounds (16 spilled)
+// previous kernel is awaited. The kernel is compiled per hc (the streams' loops unrolled, no guard
+// around a load) and for one block per SM: under plain __launch_bounds__(256) ptxas kept 80
+// registers and issued the mix product's 24 loads one after another (SASS), and a decoded token's
+// launch took 25 µs; clock64 stamps then put 8 µs in the mix product and 13.5 in the Sinkhorn.
+constexpr int kStepThreads = 256, kStepWarps = kStepThreads / 32;
 struct HcStepArgs {
   HcArgs pre;  // the next sublayer's mHC pre
   const float* fn;  // its mix weights, fp32 [mix_n, hc·D]
@@ -244,25 +272,35 @@ __device__ inline void prefetch_l2(const float* p, int64_t bytes) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(line < begin ? begin : line));
 }
 
-// Σ_q p[q·stride] over q < n, written by other blocks before a grid barrier, by one warp: each lane
-// sums its q ≡ lane (mod 32), then the warp (the same order in every launch). A lane at a time
-// took ≈ n dependent L2 round trips.
-__device__ inline double slice_sum(const double* p, int64_t stride, int n) {
-  double sum = 0.0;
-  for (int q = threadIdx.x % 32; q < n; q += 32) sum += __ldcg(p + q * stride);
-  return warp_sum(sum);
+// Sums over q < n of p[q·stride + c], written by other blocks before a grid barrier, for the warp's
+// columns c = c0 + j·dc < n_cols (j < kCols): each lane sums its q ≡ lane (mod 32), then the warp
+// (the same order in every launch). The loads of all columns are in flight together (a column at a
+// time, each waited on an L2 round trip: 2.8 µs for the 25 of a V4-Flash token in 8 warps).
+template <int kCols>
+__device__ inline void slice_sums(const double* p, int64_t stride, int n, int c0, int dc, int n_cols,
+                                  double (&sums)[kCols]) {
+#pragma unroll
+  for (int j = 0; j < kCols; ++j) sums[j] = 0.0;
+  for (int q = threadIdx.x % 32; q < n; q += 32)
+#pragma unroll
+    for (int j = 0; j < kCols; ++j)
+      if (c0 + j * dc < n_cols) sums[j] += __ldcg(p + q * stride + c0 + j * dc);
+#pragma unroll
+  for (int j = 0; j < kCols; ++j) sums[j] = warp_sum(sums[j]);
 }
 
-__global__ void __launch_bounds__(kStepThreads) hc_step_kernel(HcStepArgs s) {
+template <int kHc>
+__global__ void __launch_bounds__(kStepThreads, 1) hc_step_kernel(HcStepArgs s) {  // (1: see above)
+  constexpr int hc = kHc, mix_n = (2 + kHc) * kHc;
   extern __shared__ float xs[];  // [hc][per]: X' over the block's slice
   __shared__ double scratch[32];
-  __shared__ float mix[kMaxMix], norm_inv[2];  // the token's mix row; 1/RMS of its streams, of u
+  __shared__ float mix[mix_n], norm_inv[2];  // the token's mix row; 1/RMS of its streams, of u
   const HcArgs& a = s.pre;
-  const int hc = a.hc, e = threadIdx.x, warp = e / 32, lane = e % 32, warps = int(blockDim.x) / 32;
+  const int e = threadIdx.x, warp = e / 32, lane = e % 32;
   const int slices = int(gridDim.x) - 1, slice = int(blockIdx.x);
   const unsigned block = blockIdx.y * gridDim.x + blockIdx.x, blocks = gridDim.x * gridDim.y;
   const bool gates = slice == slices;
-  const int64_t t = blockIdx.y, D = a.D, mix_n = a.mix_n, d0 = slice * s.per;
+  const int64_t t = blockIdx.y, D = a.D, d0 = slice * s.per;
   const int64_t nd = gates ? 0 : min(s.per, D - d0);  // dims of the slice
   const int n = int(hc * nd);                           // its values on every stream
   for (int64_t r = e; r < mix_n * hc; r += blockDim.x) prefetch_l2(s.fn + r * D + d0, nd * int64_t(sizeof(float)));
@@ -276,49 +314,56 @@ __global__ void __launch_bounds__(kStepThreads) hc_step_kernel(HcStepArgs s) {
     for (int i = e; i < n; i += blockDim.x) {
       const int k = i / int(nd), d = i - k * int(nd);
       double acc = double(post[k]) * double(act[d]);
+#pragma unroll
       for (int j = 0; j < hc; ++j) acc += double(comb[j * hc + k]) * double(X[j * D + d]);
       xs[k * s.per + d] = round_if(a.bf16, float(acc));
     }
     __syncthreads();  // every read of X is done: X' may go over it
-    double squares = 0.0;
+    double acc[mix_n + 1] = {};  // the mix rows' products, then Σ X'²
     for (int i = e; i < n; i += blockDim.x) {
       const int k = i / int(nd), d = i - k * int(nd);
       const float v = xs[k * s.per + d];
       X[k * D + d] = v;
-      squares += double(v) * double(v);
+      const float* fn = s.fn + k * D + d0 + d;  // a weight: never written by a kernel
+      float w[mix_n];  // loaded before any is used: in flight together
+#pragma unroll
+      for (int m = 0; m < mix_n; ++m) w[m] = __ldg(fn + m * hc * D);
+#pragma unroll
+      for (int m = 0; m < mix_n; ++m) acc[m] += double(w[m]) * double(v);
+      acc[mix_n] += double(v) * double(v);
     }
-    squares = block_sum(squares, scratch);
-    if (e == 0) part[slice * (mix_n + 1) + mix_n] = squares;
-    for (int64_t m = warp; m < mix_n; m += warps) {  // a warp per mix row, kMixLoads loads in flight a lane
-      const float* fn = s.fn + m * hc * D + d0;
-      double acc = 0.0;
-      for (int i0 = lane; i0 < n; i0 += 32 * kMixLoads) {
-        float wv[kMixLoads], xv[kMixLoads];
+    __shared__ double warp_sums[kStepWarps][mix_n + 1];
 #pragma unroll
-        for (int j = 0; j < kMixLoads; ++j) {
-          const int i = i0 + 32 * j, k = i / int(nd), d = i - k * int(nd);
-          wv[j] = i < n ? fn[k * D + d] : 0.0f;
-          xv[j] = i < n ? xs[k * s.per + d] : 0.0f;
-        }
+    for (int m = 0; m <= mix_n; ++m) {
+      const double w = warp_sum(acc[m]);
+      if (lane == 0) warp_sums[warp][m] = w;
+    }
+    __syncthreads();
+    for (int c = e; c <= mix_n; c += blockDim.x) {  // column mix_n: Σ X'²
+      double sum = 0.0;
 #pragma unroll
-        for (int j = 0; j < kMixLoads; ++j) acc += double(wv[j]) * double(xv[j]);
-      }
-      acc = warp_sum(acc);
-      if (lane == 0) part[slice * (mix_n + 1) + m] = acc;
+      for (int w = 0; w < kStepWarps; ++w) sum += warp_sums[w][c];
+      part[slice * (mix_n + 1) + c] = sum;
     }
   }
   grid_sync(s.barrier, block, blocks);
 
-  for (int64_t c = warp; c <= mix_n; c += warps) {  // a warp per column of the partials
-    const double sum = slice_sum(part + c, mix_n + 1, slices);
-    if (lane == 0 && c < mix_n) mix[c] = float(sum);
-    if (lane == 0 && c == mix_n) norm_inv[0] = rms_inverse(sum, hc * D, a.norm_eps);
+  {  // the token's mix row and stream RMS: warp w sums columns w, w + 8, … of the partials
+    constexpr int kCols = (mix_n + kStepWarps) / kStepWarps;
+    double sums[kCols];
+    slice_sums<kCols>(part, mix_n + 1, slices, warp, kStepWarps, mix_n + 1, sums);
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) {
+      const int c = warp + j * kStepWarps;
+      if (lane == 0 && c < mix_n) mix[c] = float(sums[j]);
+      if (lane == 0 && c == mix_n) norm_inv[0] = rms_inverse(sums[j], hc * D, a.norm_eps);
+    }
   }
   __syncthreads();
   const float rs = norm_inv[0];
   if (gates) {
     if (e == 0) grid_arrive(s.barrier, block, blocks);  // nothing after this block's gates waits for them
-    if (warp == 0) post_and_comb(a, mix, rs, t, s.post_out, s.comb_out);
+    if (warp == 0) post_and_comb<kHc>(a, mix, rs, t, s.post_out, s.comb_out);
     return;
   }
   double pre[kMaxHc];
@@ -329,8 +374,9 @@ __global__ void __launch_bounds__(kStepThreads) hc_step_kernel(HcStepArgs s) {
   grid_sync(s.barrier, block, blocks);
 
   if (warp == 0) {
-    const double sum = slice_sum(part_u, 1, slices);
-    if (lane == 0) norm_inv[1] = rms_inverse(sum, D, a.norm_eps);
+    double sum[1];
+    slice_sums<1>(part_u, 1, slices, 0, 1, 1, sum);
+    if (lane == 0) norm_inv[1] = rms_inverse(sum[0], D, a.norm_eps);
   }
   __syncthreads();
   const float inv = norm_inv[1];
@@ -372,7 +418,7 @@ void CudaBackend::hc_post_pre_norm(const float* a, float* X, const float* post, 
   const int64_t slices = std::min<int64_t>(sm_count_ / std::max<int64_t>(T, 1) - 1, (D + kMinSliceDims - 1) / kMinSliceDims);
   const int64_t per = slices > 0 ? (D + slices - 1) / slices : 0;
   const size_t smem = size_t(hc * per) * sizeof(float);
-  if (T > kMaxTokens || slices < 1 || p.fn.format != model::WeightFormat::f32 || hc > kMaxHc ||
+  if (T > kMaxTokens || slices < 1 || p.fn.format != model::WeightFormat::f32 || hc < 1 || hc > kMaxHc ||
       mix_n != (2 + hc) * hc || smem > 96 * 1024)
     return Backend::hc_post_pre_norm(a, X, post, comb, p, w, T, hc, D, sinkhorn_iters, hc_eps, norm_eps, u, post_out,
                                      comb_out, x);
@@ -394,8 +440,10 @@ void CudaBackend::hc_post_pre_norm(const float* a, float* X, const float* post, 
   s.partials = partials.get();
   s.barrier = grid_barrier_;
   s.per = per;
-  allow_shared_memory(reinterpret_cast<const void*>(hc_step_kernel), smem, "hc_post_pre_norm");
-  launch(hc_step_kernel, dim3(unsigned(slices_used + 1), unsigned(T)), kStepThreads, smem, stream_, s);
+  void (*const kernels[kMaxHc])(HcStepArgs) = {hc_step_kernel<1>, hc_step_kernel<2>, hc_step_kernel<3>,
+                                                 hc_step_kernel<4>, hc_step_kernel<5>};
+  allow_shared_memory(reinterpret_cast<const void*>(kernels[hc - 1]), smem, "hc_post_pre_norm");
+  launch(kernels[hc - 1], dim3(unsigned(slices_used + 1), unsigned(T)), kStepThreads, smem, stream_, s);
   DSV4_CUDA_LAUNCHED("hc_post_pre_norm");
 }
 
