@@ -10,9 +10,10 @@
 //
 // On an H100 SXM (2026-12-07, SM clock up to 1 980 MHz): add.f32 4.0 cycles, add.f64 10.4, f32 → f64,
 // mul.f64, → f32 45.9, shfl.sync.idx + add.f32 32.1, div.rn.f32 + add.f32 61.8; a Sinkhorn row step
-// 168.4 (its double sum in order) and 176.3 (as a tree: no gain); a grid barrier 2 467 cycles for 33
-// blocks, 2 706 for 132. So the Sinkhorn's 40 steps take ≈ 6 700 cycles (3.4 µs), of which the
-// division and the conversions are most, and a barrier ≈ 1.25 µs.
+// 168.4 (its double sum in order) and 176.3 (as a tree: no gain); a grid barrier 1 773 cycles for 33
+// blocks, 2 028 for 132 (2 447 and 2 702 while grid_arrive also ran a __threadfence). So the
+// Sinkhorn's 40 steps take ≈ 6 700 cycles (3.4 µs), of which the division and the conversions are
+// most, and a barrier ≈ 0.9 µs.
 //
 //   cmake --build build --target chain_latencies && build/bench/cuda/chain_latencies
 #include <cuda_runtime.h>

@@ -132,12 +132,18 @@ __device__ inline void pre_gates(const HcArgs& a, const float* m, float rs, doub
     pre[h] = h < a.hc ? double(sigmoid_f(m[h] * rs * a.scale0 + a.base[h]) + a.hc_eps) : 0.0;
 }
 
-// The post gates and the Sinkhorn-projected comb of token t (mix row m, stream RMS inverse rs),
-// written by the 32 lanes of one warp.
+// The post gates of token t (mix row m, stream RMS inverse rs), by lanes e < hc of a warp.
 template <int kHc>
-__device__ inline void post_and_comb(const HcArgs& a, const float* m, float rs, int64_t t, float* post, float* comb) {
+__device__ inline void post_gates(const HcArgs& a, const float* m, float rs, int64_t t, float* post) {
   const int e = threadIdx.x % 32;
   if (e < kHc) post[t * kHc + e] = 2.0f * sigmoid_f(m[kHc + e] * rs * a.scale1 + a.base[kHc + e]);
+}
+
+// The Sinkhorn-projected comb of token t (mix row m, stream RMS inverse rs), by the 32 lanes of one
+// warp.
+template <int kHc>
+__device__ inline void comb_gates(const HcArgs& a, const float* m, float rs, int64_t t, float* comb) {
+  const int e = threadIdx.x % 32;
   const float logit = e < kHc * kHc ? m[2 * kHc + e] * rs * a.scale2 + a.base[2 * kHc + e] : 0.0f;
   const float projected = sinkhorn<kHc>(logit, a.sinkhorn_iters, a.hc_eps);
   if (e < kHc * kHc) comb[t * kHc * kHc + e] = projected;
@@ -162,7 +168,10 @@ __global__ void __launch_bounds__(kTokenThreads) hc_pre_kernel(HcArgs a, const f
   const bool gates_block = int(blockIdx.y) == parts - 1, sinkhorn_warp = gates_block && e < 32;
   double squares = 0.0;
   if (sinkhorn_warp) {
-    with_hc(hc, [&](auto k) { post_and_comb<decltype(k)::value>(a, m, rs, t, post, comb); });
+    with_hc(hc, [&](auto k) {
+      post_gates<decltype(k)::value>(a, m, rs, t, post);
+      comb_gates<decltype(k)::value>(a, m, rs, t, comb);
+    });
     if (!w) return;
   } else {
     if (gates_block && parts > 1) return;
@@ -235,7 +244,10 @@ __global__ void __launch_bounds__(kPostThreads) hc_post_kernel(const float* a, c
 // From one sublayer to the next at decode (hc_post_pre_norm): hc_post, the next sublayer's mix
 // product, hc_pre and its input norm in one launch, across two grid barriers (grid_barrier.cuh).
 // Grid (slices + 1, T): block (s < slices, t) owns dims [s·per, s·per + per) of token t on every
-// stream; block (slices, t) makes the token's post gates and comb.
+// stream; block (slices, t) makes the token's post gates and comb (the Sinkhorn in warp 0, the
+// post gates beside it in warp 1). A slice is 64 dims or more: 64 for V4-Flash's D, one value of
+// each stream per thread (with 128, two in a row, the phases before the first barrier took twice
+// as long).
 //   1. Slice blocks: X' = hc_post over the slice, kept in shared memory and written over X; the
 //      slice's partial sums of the mix product x·fnᵀ and of X'² (doubles) into `partials`: each
 //      thread its values' products with every row of fn (all loads in flight), then per row a warp
@@ -273,18 +285,31 @@ __device__ inline void prefetch_l2(const float* p, int64_t bytes) {
 }
 
 // Sums over q < n of p[q·stride + c], written by other blocks before a grid barrier, for the warp's
-// columns c = c0 + j·dc < n_cols (j < kCols): each lane sums its q ≡ lane (mod 32), then the warp
-// (the same order in every launch). The loads of all columns are in flight together (a column at a
-// time, each waited on an L2 round trip: 2.8 µs for the 25 of a V4-Flash token in 8 warps).
+// columns c = c0 + j·dc < n_cols (j < kCols): each lane sums its q ≡ lane (mod 32) in order, then
+// the warp (the same order in every launch). The loads of all columns, and of two q a lane, are in
+// flight together (a column at a time, each waited on an L2 round trip: 2.8 µs for the 25 of a
+// V4-Flash token in 8 warps; a lane's second q after its first, 1.4 µs more at 64 slices).
 template <int kCols>
 __device__ inline void slice_sums(const double* p, int64_t stride, int n, int c0, int dc, int n_cols,
                                   double (&sums)[kCols]) {
+  constexpr int kBatch = 2;
 #pragma unroll
   for (int j = 0; j < kCols; ++j) sums[j] = 0.0;
-  for (int q = threadIdx.x % 32; q < n; q += 32)
+  for (int q0 = threadIdx.x % 32; q0 < n; q0 += 32 * kBatch) {
+    double v[kBatch][kCols];
 #pragma unroll
-    for (int j = 0; j < kCols; ++j)
-      if (c0 + j * dc < n_cols) sums[j] += __ldcg(p + q * stride + c0 + j * dc);
+    for (int b = 0; b < kBatch; ++b)
+#pragma unroll
+      for (int j = 0; j < kCols; ++j) {
+        const int q = q0 + 32 * b, c = c0 + j * dc;
+        v[b][j] = q < n && c < n_cols ? __ldcg(p + q * stride + c) : 0.0;
+      }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b)
+#pragma unroll
+      for (int j = 0; j < kCols; ++j)
+        if (q0 + 32 * b < n) sums[j] += v[b][j];
+  }
 #pragma unroll
   for (int j = 0; j < kCols; ++j) sums[j] = warp_sum(sums[j]);
 }
@@ -363,7 +388,8 @@ __global__ void __launch_bounds__(kStepThreads, 1) hc_step_kernel(HcStepArgs s) 
   const float rs = norm_inv[0];
   if (gates) {
     if (e == 0) grid_arrive(s.barrier, block, blocks);  // nothing after this block's gates waits for them
-    if (warp == 0) post_and_comb<kHc>(a, mix, rs, t, s.post_out, s.comb_out);
+    if (warp == 0) comb_gates<kHc>(a, mix, rs, t, s.comb_out);  // the Sinkhorn: the kernel's tail
+    if (warp == 1) post_gates<kHc>(a, mix, rs, t, s.post_out);
     return;
   }
   double pre[kMaxHc];
@@ -413,7 +439,7 @@ void CudaBackend::hc_post_pre_norm(const float* a, float* X, const float* post, 
   // One launch for a few tokens (each block reads its slice of fn once per token); else hc_post,
   // then hc_pre_norm. Slices of at least kMinSliceDims dims, one block per SM at most in all (see
   // grid_barrier.cuh), X' of a slice in shared memory.
-  constexpr int64_t kMaxTokens = 8, kMinSliceDims = 128;
+  constexpr int64_t kMaxTokens = 8, kMinSliceDims = 64;
   const int64_t mix_n = p.fn.out;
   const int64_t slices = std::min<int64_t>(sm_count_ / std::max<int64_t>(T, 1) - 1, (D + kMinSliceDims - 1) / kMinSliceDims);
   const int64_t per = slices > 0 ? (D + slices - 1) / slices : 0;
