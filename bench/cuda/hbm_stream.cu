@@ -1,0 +1,164 @@
+// How fast one pass over a large matrix can stream from HBM, read the ways a decode product could
+// read its weights: the question is whether deepseek-tc's decode GEMVs (gemv_tc.cu, 1.5–1.9 TB/s on
+// their large matrices on an H100, 3.35 TB/s the datasheet's) are bound by how many bytes their
+// register rings keep in flight, and what the copy engine's bulk copies into shared memory reach
+// (bench/cuda_decode.md, thirty-ninth session).
+//
+//   registers, depth D: the GEMV's pattern. A row-major matrix of K-byte rows; a warp takes a tile of
+//     16 rows, lane (g, i) reads 16 bytes at 16·i and 64 + 16·i of each 128-byte unit of rows g and
+//     g + 8, and keeps D units ahead in registers (tc_gemv's ring: D = 2). 256 threads a block, S
+//     warps per tile splitting its units (wq_b's 33.5 MB of K = 1 024: S = 2, 4 tiles a block).
+//   bulk, S stages of B bytes: one block per SM streams its contiguous share through S stages of
+//     shared memory, each filled by one cp.async.bulk and awaited on an mbarrier; the block's warps
+//     read every stage from shared memory before it is refilled.
+// Bytes over the time between two events; every byte is folded into a checksum so nothing is
+// optimised away.
+//
+//   cmake --build build --target hbm_stream && build/bench/cuda/hbm_stream [MiB, 1024] [K bytes, 1024] [S, 2]
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+#include "backend/cuda/wgmma.cuh"
+
+namespace {
+
+constexpr int kThreads = 256, kWarps = kThreads / 32;
+
+// The GEMV's read pattern with a ring of kDepth units in registers. Grid: 8 / S tiles of 16 rows a
+// block, S warps a tile (warp s of a tile: units s, s + S, …).
+template <int kDepth>
+__global__ void __launch_bounds__(kThreads) registers(const uint8_t* m, int64_t K, int S, uint32_t* out) {
+  const int lane = threadIdx.x % 32, g = lane / 4, i = lane % 4, warp = threadIdx.x / 32 % S;
+  const int64_t tile = int64_t(blockIdx.x) * (kWarps / S) + threadIdx.x / 32 / S;
+  const uint8_t* lo = m + (tile * 16 + g) * K + 16 * i;
+  const uint8_t* hi = lo + 8 * K;
+  const int64_t units = K / 128;
+  uint4 ring[kDepth][4];
+  auto load = [&](uint4 (&w)[4], int64_t u) {
+    w[0] = __ldg(reinterpret_cast<const uint4*>(lo + 128 * u));
+    w[1] = __ldg(reinterpret_cast<const uint4*>(lo + 128 * u + 64));
+    w[2] = __ldg(reinterpret_cast<const uint4*>(hi + 128 * u));
+    w[3] = __ldg(reinterpret_cast<const uint4*>(hi + 128 * u + 64));
+  };
+#pragma unroll
+  for (int d = 0; d < kDepth; ++d)
+    if (warp + d * S < units) load(ring[d], warp + d * S);
+  uint32_t x = 0;
+  for (int64_t u0 = warp; u0 < units; u0 += kDepth * S)
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) {
+      const int64_t u = u0 + d * S;
+      if (u >= units) break;
+      uint4 now[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) now[j] = ring[d][j];
+      if (u + kDepth * S < units) load(ring[d], u + kDepth * S);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) x ^= now[j].x ^ now[j].y ^ now[j].z ^ now[j].w;
+    }
+  if (x == 0x9e3779b9u) out[0] = x;
+}
+
+// Contiguous shares through kStages stages of `stage` bytes of shared memory, one bulk copy each.
+template <int kStages>
+__global__ void __launch_bounds__(kThreads) bulk(const uint8_t* m, int64_t bytes, int stage, uint32_t* out) {
+#if defined(DSV4_WGMMA)  // (the helpers exist in sm_90a device code)
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ uint64_t filled[kStages], emptied[kStages];
+  const int64_t steps = bytes / gridDim.x / stage, share = steps * stage;  // (16-byte aligned shares)
+  const uint8_t* src = m + int64_t(blockIdx.x) * share;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) dsv4::cuda::barrier_init(&filled[s], 1), dsv4::cuda::barrier_init(&emptied[s], kWarps);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  auto issue = [&](int64_t step) {
+    uint64_t* b = &filled[step % kStages];
+    dsv4::cuda::barrier_expect_bytes(b, uint32_t(stage));
+    dsv4::cuda::copy_bulk(smem + (step % kStages) * stage, src + step * stage, uint32_t(stage), b);
+  };
+  if (threadIdx.x == 0)
+    for (int64_t s = 0; s < kStages && s < steps; ++s) issue(s);
+  uint32_t x = 0;
+  for (int64_t step = 0; step < steps; ++step) {
+    const int s = int(step % kStages);
+    dsv4::cuda::barrier_wait(&filled[s], int((step / kStages) & 1));
+    const uint4* v = reinterpret_cast<const uint4*>(smem + s * stage);
+    for (int j = threadIdx.x; j < stage / 16; j += kThreads) x ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) dsv4::cuda::barrier_arrive(&emptied[s]);
+    if (threadIdx.x == 0 && step + kStages < steps) {
+      dsv4::cuda::barrier_wait(&emptied[s], int((step / kStages) & 1));
+      issue(step + kStages);
+    }
+  }
+  if (x == 0x9e3779b9u) out[0] = x;
+#endif
+}
+
+bool check(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return true;
+  std::fprintf(stderr, "hbm_stream: %s: %s\n", what, cudaGetErrorString(e));
+  return false;
+}
+
+// Runs launch() three times after a warm-up and prints the best rate.
+template <class Launch>
+bool rate(const char* name, int64_t bytes, Launch launch) {
+  cudaEvent_t a, b;
+  if (!check(cudaEventCreate(&a), "event") || !check(cudaEventCreate(&b), "event")) return false;
+  launch();
+  float best = 1e30f;
+  for (int r = 0; r < 3; ++r) {
+    cudaEventRecord(a);
+    launch();
+    cudaEventRecord(b);
+    if (!check(cudaEventSynchronize(b), name)) return false;
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    best = ms < best ? ms : best;
+  }
+  std::printf("%-36s %8.1f GB/s (%.1f us)\n", name, double(bytes) / (best * 1e-3) / 1e9, best * 1e3);
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int64_t mib = argc > 1 ? std::atoll(argv[1]) : 1024, K = argc > 2 ? std::atoll(argv[2]) : 1024;
+  const int S = argc > 3 ? std::atoi(argv[3]) : 2;
+  const int64_t bytes = mib << 20, rows = bytes / K / 16 * 16;
+  int sms = 0;
+  uint8_t* m = nullptr;
+  uint32_t* out = nullptr;
+  if (K % 1024 != 0 || (S != 1 && S != 2 && S != 4 && S != 8) || !check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "attribute") ||
+      !check(cudaMalloc(&m, size_t(bytes)), "cudaMalloc") || !check(cudaMalloc(&out, 4), "cudaMalloc") ||
+      !check(cudaMemset(m, 1, size_t(bytes)), "cudaMemset")) {
+    std::fprintf(stderr, "usage: hbm_stream [MiB] [K bytes, a multiple of 1 024] [S: 1, 2, 4 or 8]\n");
+    return 1;
+  }
+  std::printf("%lld MiB, rows of %lld bytes, %d warps a tile, %d SMs\n", (long long)mib, (long long)K, S, sms);
+  const unsigned blocks = unsigned(rows / 16 / (kWarps / S));
+  const int64_t matrix = int64_t(blocks) * (kWarps / S) * 16 * K;
+  bool ok = rate("registers, depth 1", matrix, [&] { registers<1><<<blocks, kThreads>>>(m, K, S, out); }) &&
+            rate("registers, depth 2 (tc_gemv)", matrix, [&] { registers<2><<<blocks, kThreads>>>(m, K, S, out); }) &&
+            rate("registers, depth 4", matrix, [&] { registers<4><<<blocks, kThreads>>>(m, K, S, out); });
+  for (int stage : {8192, 16384, 32768}) {
+    if (!ok) break;
+    char name[64];
+    std::snprintf(name, sizeof name, "bulk, 4 stages of %d B", stage);
+    const int smem = 4 * stage;
+    ok = check(cudaFuncSetAttribute(bulk<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "smem") &&
+         rate(name, bytes / sms / stage * stage * sms, [&] { bulk<4><<<sms, kThreads, smem>>>(m, bytes, stage, out); });
+  }
+  if (ok) {
+    const int stage = 16384, smem = 8 * stage;
+    ok = check(cudaFuncSetAttribute(bulk<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "smem") &&
+         rate("bulk, 8 stages of 16384 B", bytes / sms / stage * stage * sms,
+              [&] { bulk<8><<<sms, kThreads, smem>>>(m, bytes, stage, out); });
+  }
+  return ok ? 0 : 1;
+}
