@@ -8,6 +8,9 @@
 //     16 rows, lane (g, i) reads 16 bytes at 16·i and 64 + 16·i of each 128-byte unit of rows g and
 //     g + 8, and keeps D units ahead in registers (tc_gemv's ring: D = 2). 256 threads a block, S
 //     warps per tile splitting its units (wq_b's 33.5 MB of K = 1 024: S = 2, 4 tiles a block).
+//   cp.async, depth D: the same reads as 16-byte cp.async copies into the lane's own slots of a ring
+//     of D units in shared memory (no registers held by bytes in flight; the exact decode kernel's
+//     way), each lane reading back what it copied.
 //   bulk, S stages of B bytes: one block per SM streams its contiguous share through S stages of
 //     shared memory, each filled by one cp.async.bulk and awaited on an mbarrier; the block's warps
 //     read every stage from shared memory before it is refilled.
@@ -21,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/wgmma.cuh"
 
 namespace {
@@ -58,6 +62,44 @@ __global__ void __launch_bounds__(kThreads) registers(const uint8_t* m, int64_t 
       if (u + kDepth * S < units) load(ring[d], u + kDepth * S);
 #pragma unroll
       for (int j = 0; j < 4; ++j) x ^= now[j].x ^ now[j].y ^ now[j].z ^ now[j].w;
+    }
+  if (x == 0x9e3779b9u) out[0] = x;
+}
+
+// The same reads through a ring of kDepth units in shared memory, filled by cp.async (16 KB a unit
+// for the block's 256 lanes).
+template <int kDepth>
+__global__ void __launch_bounds__(kThreads) async_ring(const uint8_t* m, int64_t K, int S, uint32_t* out) {
+  extern __shared__ __align__(16) uint4 slots[];  // [kDepth][4][kThreads]
+  const int lane = threadIdx.x % 32, g = lane / 4, i = lane % 4, warp = threadIdx.x / 32 % S;
+  const int64_t tile = int64_t(blockIdx.x) * (kWarps / S) + threadIdx.x / 32 / S;
+  const uint8_t* lo = m + (tile * 16 + g) * K + 16 * i;
+  const uint8_t* hi = lo + 8 * K;
+  const int64_t units = K / 128;
+  auto issue = [&](int d, int64_t u) {
+    const uint8_t* src[4] = {lo + 128 * u, lo + 128 * u + 64, hi + 128 * u, hi + 128 * u + 64};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) dsv4::cuda::copy_async_16(&slots[(d * 4 + j) * kThreads + threadIdx.x], src[j], true);
+  };
+#pragma unroll
+  for (int d = 0; d < kDepth; ++d) {
+    if (warp + d * S < units) issue(d, warp + d * S);
+    dsv4::cuda::commit_async_copies();  // (empty groups keep the count per unit uniform)
+  }
+  uint32_t x = 0;
+  for (int64_t u0 = warp; u0 < units; u0 += kDepth * S)
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) {
+      const int64_t u = u0 + d * S;
+      if (u >= units) break;
+      dsv4::cuda::await_async_copies<kDepth - 1>();
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint4 v = slots[(d * 4 + j) * kThreads + threadIdx.x];
+        x ^= v.x ^ v.y ^ v.z ^ v.w;
+      }
+      if (u + kDepth * S < units) issue(d, u + kDepth * S);
+      dsv4::cuda::commit_async_copies();
     }
   if (x == 0x9e3779b9u) out[0] = x;
 }
@@ -146,6 +188,13 @@ int main(int argc, char** argv) {
   bool ok = rate("registers, depth 1", matrix, [&] { registers<1><<<blocks, kThreads>>>(m, K, S, out); }) &&
             rate("registers, depth 2 (tc_gemv)", matrix, [&] { registers<2><<<blocks, kThreads>>>(m, K, S, out); }) &&
             rate("registers, depth 4", matrix, [&] { registers<4><<<blocks, kThreads>>>(m, K, S, out); });
+  auto async_depth = [&](auto kernel, int depth, const char* name) {
+    const int smem = depth * 4 * 16 * kThreads;
+    return check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "smem") &&
+           rate(name, matrix, [&] { kernel<<<blocks, kThreads, smem>>>(m, K, S, out); });
+  };
+  ok = ok && async_depth(async_ring<2>, 2, "cp.async, depth 2") && async_depth(async_ring<4>, 4, "cp.async, depth 4") &&
+       async_depth(async_ring<8>, 8, "cp.async, depth 8");
   for (int stage : {8192, 16384, 32768}) {
     if (!ok) break;
     char name[64];
