@@ -289,7 +289,8 @@ __device__ inline void prefetch_l2(const float* p, int64_t bytes) {
 // columns c = c0 + j·dc < n_cols (j < kCols): each lane sums its q ≡ lane (mod 32) in order, then
 // the warp (the same order in every launch). The loads of all columns, and of two q a lane, are in
 // flight together (a column at a time, each waited on an L2 round trip: 2.8 µs for the 25 of a
-// V4-Flash token in 8 warps; a lane's second q after its first, 1.4 µs more at 64 slices).
+// V4-Flash token in 8 warps). At 64 slices they still take ≈ 3.2 µs (clock64; two q a lane in
+// flight gained only 0.2): what is left is the reads' wait after the barrier.
 template <int kCols>
 __device__ inline void slice_sums(const double* p, int64_t stride, int n, int c0, int dc, int n_cols,
                                   double (&sums)[kCols]) {
