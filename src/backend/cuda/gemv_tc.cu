@@ -72,6 +72,19 @@ struct TcGemvArgs {
   bool round_out;     // the bf16 products: y rounded to bf16 (Compute::bf16)
 };
 
+// With a table: row m's view, once the kernels before (which may write the views) are awaited; -1
+// when it has none, after the block wrote zeros to its rows of y (as on the CPU, such a row
+// contributes nothing).
+__device__ inline int32_t view_or_zeros(const TcGemvArgs& a, int64_t m) {
+  await_previous_kernel();
+  const int32_t v = a.view_of_row[m];
+  if (v >= 0 && v < a.n_views) return v;
+  const int64_t per_block = int64_t(kWarps / a.split) * kTileRows, first = int64_t(blockIdx.x) * per_block;
+  for (int64_t r = first + threadIdx.x; r < min(a.rows, first + per_block); r += blockDim.x)
+    a.y[m * a.y_stride + r] = 0.0f;
+  return -1;
+}
+
 // Matrix q of the lane's product: the gate (or the one matrix), then the up.
 __device__ __forceinline__ const LinearView& matrix(const TcGemvArgs& a, int q) { return q == 0 ? a.W : a.up.W; }
 
@@ -275,14 +288,8 @@ __global__ void __launch_bounds__(kWarps * 32) tc_gemv_fp4_kernel(TcGemvArgs a) 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int S = a.split, tiles_per_block = kWarps / S, tile = blockIdx.x * tiles_per_block + warp / S, s = warp % S;
   const int64_t r_base = int64_t(tile) * kTileRows, m = blockIdx.y;
-  await_previous_kernel();  // the routing comes from the kernels before
-  const int32_t v = a.view_of_row[m];
-  if (v < 0 || v >= a.n_views) {  // no expert: contributes nothing (as on the CPU; h = swiglu(0, 0) = 0)
-    const int64_t first = int64_t(blockIdx.x) * tiles_per_block * kTileRows;
-    for (int64_t r = first + threadIdx.x; r < min(a.rows, first + tiles_per_block * kTileRows); r += blockDim.x)
-      a.y[m * a.y_stride + r] = 0.0f;
-    return;
-  }
+  const int32_t v = view_or_zeros(a, m);  // the routing comes from the kernels before
+  if (v < 0) return;  // no expert: h = swiglu(0, 0) = 0
   const int64_t K = a.K, n_blocks = K / 128, last = a.rows - 1, src = m / a.x_div;
   const int64_t rows[2] = {min(r_base + g, last), min(r_base + g + 8, last)};  // past the end: not written
   const uint8_t* w_at[kMats][2];
@@ -423,14 +430,8 @@ __global__ void __launch_bounds__(kWarps * 32) tc_gemv_bf16_kernel(TcGemvArgs a)
   const int64_t r_base = int64_t(tile) * kTileRows, m0 = int64_t(blockIdx.y) * (a.table ? 1 : kTokens);
   LinearView W = a.W;
   if (a.table) {
-    await_previous_kernel();  // the views of the rows may come from the kernels before
-    const int32_t v = a.view_of_row[m0];
-    if (v < 0 || v >= a.n_views) {  // no view: zeros (as on the CPU)
-      const int64_t first = int64_t(blockIdx.x) * tiles_per_block * kTileRows;
-      for (int64_t r = first + threadIdx.x; r < min(a.rows, first + tiles_per_block * kTileRows); r += blockDim.x)
-        a.y[m0 * a.y_stride + r] = 0.0f;
-      return;
-    }
+    const int32_t v = view_or_zeros(a, m0);
+    if (v < 0) return;
     W = a.table[v];
   }
   const int nt = a.table ? 1 : int(min(int64_t(kTokens), a.T - m0));
