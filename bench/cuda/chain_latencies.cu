@@ -22,6 +22,7 @@
 #include <cstdio>
 
 #include "backend/cuda/grid_barrier.cuh"
+#include "check.cuh"
 
 namespace {
 
@@ -84,12 +85,6 @@ __global__ void barriers(unsigned* word, long long* cycles) {
   for (int b = 0; b < kBarriers; ++b) dsv4::cuda::grid_sync(word, block, blocks);
   const long long t1 = clock64();
   if (block == 0 && threadIdx.x == 0) cycles[0] = t1 - t0;
-}
-
-bool check(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return true;
-  std::fprintf(stderr, "chain_latencies: %s: %s\n", what, cudaGetErrorString(e));
-  return false;
 }
 
 bool read_cycles(const long long* cycles, long long& host) {

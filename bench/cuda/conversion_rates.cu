@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "check.cuh"
+
 namespace {
 
 constexpr int kIterations = 4096, kChains = 8, kThreads = 1024;
@@ -43,12 +45,6 @@ __global__ void __launch_bounds__(kThreads) chains(uint32_t seed, uint32_t* out,
   for (int c = 0; c < kChains; ++c) x ^= r[c];
   if (x == 0x12345678u) out[threadIdx.x] = x;
   if (threadIdx.x == 0) cycles[blockIdx.x] = t1 - t0;
-}
-
-bool check(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return true;
-  std::fprintf(stderr, "conversion_rates: %s: %s\n", what, cudaGetErrorString(e));
-  return false;
 }
 
 template <Op kOp>

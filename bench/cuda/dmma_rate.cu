@@ -9,6 +9,8 @@
 
 #include <cstdio>
 
+#include "check.cuh"
+
 namespace {
 
 constexpr int kIterations = 4096, kChains = 8, kThreads = 256;
@@ -42,12 +44,6 @@ __global__ void __launch_bounds__(kThreads) chains(double* out, double seed) {
   for (auto& d : acc)
     for (double v : d) sum += v;
   out[blockIdx.x * blockDim.x + threadIdx.x] = sum;
-}
-
-bool check(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return true;
-  std::fprintf(stderr, "dmma_rate: %s: %s\n", what, cudaGetErrorString(e));
-  return false;
 }
 
 template <Shape kShape>

@@ -26,43 +26,63 @@
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/wgmma.cuh"
+#include "check.cuh"
 
 namespace {
 
 constexpr int kThreads = 256, kWarps = kThreads / 32;
 
-// The GEMV's read pattern with a ring of kDepth units in registers. Grid: 8 / S tiles of 16 rows a
-// block, S warps a tile (warp s of a tile: units s, s + S, …).
+// Lane (g, i)'s reads in the GEMV's pattern: 8 / S tiles of 16 rows a block, S warps a tile (warp
+// s of a tile takes units s, s + S, …); word j < 4 of unit u is row g (j < 2) or g + 8 at
+// 16·i + 64·(j % 2).
+struct LaneReads {
+  const uint8_t* lo;
+  const uint8_t* hi;
+  int s, S;
+  int64_t units;
+  __device__ LaneReads(const uint8_t* m, int64_t K, int S_) : S(S_), units(K / 128) {
+    const int lane = threadIdx.x % 32;
+    const int64_t tile = int64_t(blockIdx.x) * (kWarps / S) + threadIdx.x / 32 / S;
+    s = threadIdx.x / 32 % S;
+    lo = m + (tile * 16 + lane / 4) * K + 16 * (lane % 4);
+    hi = lo + 8 * K;
+  }
+  __device__ const uint8_t* word(int j, int64_t u) const { return (j < 2 ? lo : hi) + 128 * u + 64 * (j % 2); }
+  // The lane's units in order, unit u through ring slot d (its index mod kDepth): fill(d, u) for the
+  // first kDepth, then step(d, u, refill) with refill the unit that slot takes next (none past the end).
+  template <int kDepth, class Fill, class Step>
+  __device__ void each_unit(Fill fill, Step step) const {
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) fill(d, s + d * S);
+    for (int64_t u0 = s; u0 < units; u0 += kDepth * S)
+#pragma unroll
+      for (int d = 0; d < kDepth; ++d) {
+        const int64_t u = u0 + d * S;
+        if (u >= units) break;
+        step(d, u, u + kDepth * S);
+      }
+  }
+};
+
+// The GEMV's read pattern with a ring of kDepth units in registers.
 template <int kDepth>
 __global__ void __launch_bounds__(kThreads) registers(const uint8_t* m, int64_t K, int S, uint32_t* out) {
-  const int lane = threadIdx.x % 32, g = lane / 4, i = lane % 4, warp = threadIdx.x / 32 % S;
-  const int64_t tile = int64_t(blockIdx.x) * (kWarps / S) + threadIdx.x / 32 / S;
-  const uint8_t* lo = m + (tile * 16 + g) * K + 16 * i;
-  const uint8_t* hi = lo + 8 * K;
-  const int64_t units = K / 128;
+  const LaneReads r(m, K, S);
   uint4 ring[kDepth][4];
-  auto load = [&](uint4 (&w)[4], int64_t u) {
-    w[0] = __ldg(reinterpret_cast<const uint4*>(lo + 128 * u));
-    w[1] = __ldg(reinterpret_cast<const uint4*>(lo + 128 * u + 64));
-    w[2] = __ldg(reinterpret_cast<const uint4*>(hi + 128 * u));
-    w[3] = __ldg(reinterpret_cast<const uint4*>(hi + 128 * u + 64));
+  auto load = [&](int d, int64_t u) {
+    if (u >= r.units) return;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) ring[d][j] = __ldg(reinterpret_cast<const uint4*>(r.word(j, u)));
   };
-#pragma unroll
-  for (int d = 0; d < kDepth; ++d)
-    if (warp + d * S < units) load(ring[d], warp + d * S);
   uint32_t x = 0;
-  for (int64_t u0 = warp; u0 < units; u0 += kDepth * S)
+  r.each_unit<kDepth>(load, [&](int d, int64_t, int64_t refill) {
+    uint4 now[4];
 #pragma unroll
-    for (int d = 0; d < kDepth; ++d) {
-      const int64_t u = u0 + d * S;
-      if (u >= units) break;
-      uint4 now[4];
+    for (int j = 0; j < 4; ++j) now[j] = ring[d][j];
+    load(d, refill);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) now[j] = ring[d][j];
-      if (u + kDepth * S < units) load(ring[d], u + kDepth * S);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) x ^= now[j].x ^ now[j].y ^ now[j].z ^ now[j].w;
-    }
+    for (int j = 0; j < 4; ++j) x ^= now[j].x ^ now[j].y ^ now[j].z ^ now[j].w;
+  });
   if (x == 0x9e3779b9u) out[0] = x;
 }
 
@@ -71,36 +91,23 @@ __global__ void __launch_bounds__(kThreads) registers(const uint8_t* m, int64_t 
 template <int kDepth>
 __global__ void __launch_bounds__(kThreads) async_ring(const uint8_t* m, int64_t K, int S, uint32_t* out) {
   extern __shared__ __align__(16) uint4 slots[];  // [kDepth][4][kThreads]
-  const int lane = threadIdx.x % 32, g = lane / 4, i = lane % 4, warp = threadIdx.x / 32 % S;
-  const int64_t tile = int64_t(blockIdx.x) * (kWarps / S) + threadIdx.x / 32 / S;
-  const uint8_t* lo = m + (tile * 16 + g) * K + 16 * i;
-  const uint8_t* hi = lo + 8 * K;
-  const int64_t units = K / 128;
+  const LaneReads r(m, K, S);
   auto issue = [&](int d, int64_t u) {
-    const uint8_t* src[4] = {lo + 128 * u, lo + 128 * u + 64, hi + 128 * u, hi + 128 * u + 64};
+    if (u < r.units)
 #pragma unroll
-    for (int j = 0; j < 4; ++j) dsv4::cuda::copy_async_16(&slots[(d * 4 + j) * kThreads + threadIdx.x], src[j], true);
-  };
-#pragma unroll
-  for (int d = 0; d < kDepth; ++d) {
-    if (warp + d * S < units) issue(d, warp + d * S);
+      for (int j = 0; j < 4; ++j) dsv4::cuda::copy_async_16(&slots[(d * 4 + j) * kThreads + threadIdx.x], r.word(j, u), true);
     dsv4::cuda::commit_async_copies();  // (empty groups keep the count per unit uniform)
-  }
+  };
   uint32_t x = 0;
-  for (int64_t u0 = warp; u0 < units; u0 += kDepth * S)
+  r.each_unit<kDepth>(issue, [&](int d, int64_t, int64_t refill) {
+    dsv4::cuda::await_async_copies<kDepth - 1>();
 #pragma unroll
-    for (int d = 0; d < kDepth; ++d) {
-      const int64_t u = u0 + d * S;
-      if (u >= units) break;
-      dsv4::cuda::await_async_copies<kDepth - 1>();
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint4 v = slots[(d * 4 + j) * kThreads + threadIdx.x];
-        x ^= v.x ^ v.y ^ v.z ^ v.w;
-      }
-      if (u + kDepth * S < units) issue(d, u + kDepth * S);
-      dsv4::cuda::commit_async_copies();
+    for (int j = 0; j < 4; ++j) {
+      const uint4 v = slots[(d * 4 + j) * kThreads + threadIdx.x];
+      x ^= v.x ^ v.y ^ v.z ^ v.w;
     }
+    issue(d, refill);
+  });
   if (x == 0x9e3779b9u) out[0] = x;
 }
 
@@ -139,12 +146,6 @@ __global__ void __launch_bounds__(kThreads) bulk(const uint8_t* m, int64_t bytes
   }
   if (x == 0x9e3779b9u) out[0] = x;
 #endif
-}
-
-bool check(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return true;
-  std::fprintf(stderr, "hbm_stream: %s: %s\n", what, cudaGetErrorString(e));
-  return false;
 }
 
 // Runs launch() three times after a warm-up and prints the best rate.

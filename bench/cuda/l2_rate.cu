@@ -17,6 +17,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "check.cuh"
+
 namespace {
 
 constexpr int kThreads = 256, kTileBytes = 64 * 1024, kChunksPerThread = kTileBytes / 16 / kThreads;
@@ -69,12 +71,6 @@ __global__ void __launch_bounds__(kThreads) by_loads(const uint4* set, int64_t n
     for (int c = 0; c < kChunksPerThread; ++c) x ^= v[c].x ^ v[c].y ^ v[c].z ^ v[c].w;
   }
   if (x == 0x12345678u) sink[threadIdx.x] = x;
-}
-
-bool check(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return true;
-  std::fprintf(stderr, "l2_rate: %s: %s\n", what, cudaGetErrorString(e));
-  return false;
 }
 
 }  // namespace
