@@ -1,6 +1,7 @@
 // deepseek-tc's quantized FP8 products of a few token rows (decode) on the FP8 tensor cores
-// (gemm_tc.h): mma.sync m16n8k32 with e4m3 operands, so the weights stream with no conversion, where
-// the exact kernel (gemm.cu) spends integer work on every code and reaches 1–1.3 TB/s.
+// (gemm_tc.h): mma.sync m16n8k32 with e4m3 operands, where the exact kernel (gemm.cu) spends integer
+// work on every code and reaches 1–1.3 TB/s. (sm_90a has no FP8 mma.sync in hardware: ptxas makes
+// each one two f16 HMMA.16816 after converting the codes to f16 pairs, 48 F2FP a lane a K block.)
 //
 // A warp takes a tile of 16 weight rows (the mma's A) against up to 8 token rows (its B: the
 // activations' e4m3 codes from act_quant, QuantizedForm::codes) over a share of the K blocks of 128.
