@@ -2,7 +2,11 @@
 // read its weights: the question is whether deepseek-tc's decode GEMVs (gemv_tc.cu, 1.5–1.9 TB/s on
 // their large matrices on an H100, 3.35 TB/s the datasheet's) are bound by how many bytes their
 // register rings keep in flight, and what the copy engine's bulk copies into shared memory reach
-// (bench/cuda_decode.md, thirty-ninth session).
+// (bench/cuda_decode.md, thirty-ninth session). Its first run (fortieth session) answered no: the
+// register ring streams 3.1 TB/s over 1 GiB. So the last part asks what a decoded token's products
+// lose by being many short launches: the same bytes read as a chain of dependent launches of a few
+// MiB each, as the engine launches them (each kernel's first units in flight before it waits for
+// the one before, launch.cuh), against one long pass.
 //
 //   registers, depth D: the GEMV's pattern. A row-major matrix of K-byte rows; a warp takes a tile of
 //     16 rows, lane (g, i) reads 16 bytes at 16·i and 64 + 16·i of each 128-byte unit of rows g and
@@ -14,17 +18,23 @@
 //   bulk, S stages of B bytes: one block per SM streams its contiguous share through S stages of
 //     shared memory, each filled by one cp.async.bulk and awaited on an mbarrier; the block's warps
 //     read every stage from shared memory before it is refilled.
+//   chain of N of W MiB: the register ring of depth 2 over consecutive windows of the matrix, a
+//     launch each, as programmatic dependent launches (a kernel's blocks may start while the one
+//     before runs, and wait for it once their first units are in flight) or as plain ones; the time
+//     a launch adds over its bytes at the long pass's rate is its fixed cost.
 // Bytes over the time between two events; every byte is folded into a checksum so nothing is
 // optimised away.
 //
 //   cmake --build build --target hbm_stream && build/bench/cuda/hbm_stream [MiB, 1024] [K bytes, 1024] [S, 2]
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 
 #include "backend/cuda/async_copy.cuh"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/wgmma.cuh"
 #include "check.cuh"
 
@@ -64,10 +74,13 @@ struct LaneReads {
   }
 };
 
-// The GEMV's read pattern with a ring of kDepth units in registers.
+// The GEMV's read pattern with a ring of kDepth units in registers. chained: a link of a launch chain,
+// which waits for the kernel before it once its first units are in flight (as tc_gemv does).
 template <int kDepth>
-__global__ void __launch_bounds__(kThreads) registers(const uint8_t* m, int64_t K, int S, uint32_t* out) {
+__global__ void __launch_bounds__(kThreads) registers(const uint8_t* m, int64_t K, int S, uint32_t* out,
+                                                      bool chained) {
   const LaneReads r(m, K, S);
+  bool waited = !chained;
   uint4 ring[kDepth][4];
   auto load = [&](int d, int64_t u) {
     if (u >= r.units) return;
@@ -76,6 +89,7 @@ __global__ void __launch_bounds__(kThreads) registers(const uint8_t* m, int64_t 
   };
   uint32_t x = 0;
   r.each_unit<kDepth>(load, [&](int d, int64_t, int64_t refill) {
+    if (!waited) dsv4::cuda::await_previous_kernel(), waited = true;  // (the first step: after the fills)
     uint4 now[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) now[j] = ring[d][j];
@@ -148,24 +162,25 @@ __global__ void __launch_bounds__(kThreads) bulk(const uint8_t* m, int64_t bytes
 #endif
 }
 
-// Runs launch() three times after a warm-up and prints the best rate.
+// Runs launch() three times after a warm-up and prints the best rate; returns the best time in µs
+// (0 after an error).
 template <class Launch>
-bool rate(const char* name, int64_t bytes, Launch launch) {
+double rate(const char* name, int64_t bytes, Launch launch) {
   cudaEvent_t a, b;
-  if (!check(cudaEventCreate(&a), "event") || !check(cudaEventCreate(&b), "event")) return false;
+  if (!check(cudaEventCreate(&a), "event") || !check(cudaEventCreate(&b), "event")) return 0;
   launch();
   float best = 1e30f;
   for (int r = 0; r < 3; ++r) {
     cudaEventRecord(a);
     launch();
     cudaEventRecord(b);
-    if (!check(cudaEventSynchronize(b), name)) return false;
+    if (!check(cudaEventSynchronize(b), name)) return 0;
     float ms = 0;
     cudaEventElapsedTime(&ms, a, b);
     best = ms < best ? ms : best;
   }
   std::printf("%-36s %8.1f GB/s (%.1f us)\n", name, double(bytes) / (best * 1e-3) / 1e9, best * 1e3);
-  return true;
+  return best * 1e3;
 }
 
 }  // namespace
@@ -186,9 +201,11 @@ int main(int argc, char** argv) {
   std::printf("%lld MiB, rows of %lld bytes, %d warps a tile, %d SMs\n", (long long)mib, (long long)K, S, sms);
   const unsigned blocks = unsigned(rows / 16 / (kWarps / S));
   const int64_t matrix = int64_t(blocks) * (kWarps / S) * 16 * K;
-  bool ok = rate("registers, depth 1", matrix, [&] { registers<1><<<blocks, kThreads>>>(m, K, S, out); }) &&
-            rate("registers, depth 2 (tc_gemv)", matrix, [&] { registers<2><<<blocks, kThreads>>>(m, K, S, out); }) &&
-            rate("registers, depth 4", matrix, [&] { registers<4><<<blocks, kThreads>>>(m, K, S, out); });
+  const double long_pass =
+      rate("registers, depth 2 (tc_gemv)", matrix, [&] { registers<2><<<blocks, kThreads>>>(m, K, S, out, false); });
+  bool ok = long_pass > 0 &&
+            rate("registers, depth 1", matrix, [&] { registers<1><<<blocks, kThreads>>>(m, K, S, out, false); }) &&
+            rate("registers, depth 4", matrix, [&] { registers<4><<<blocks, kThreads>>>(m, K, S, out, false); });
   auto async_depth = [&](auto kernel, int depth, const char* name) {
     const int smem = depth * 4 * 16 * kThreads;
     return check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "smem") &&
@@ -209,6 +226,31 @@ int main(int argc, char** argv) {
     ok = check(cudaFuncSetAttribute(bulk<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "smem") &&
          rate("bulk, 8 stages of 16384 B", bytes / sms / stage * stage * sms,
               [&] { bulk<8><<<sms, kThreads, smem>>>(m, bytes, stage, out); });
+  }
+  // The chains: windows of whole blocks' shares, read in order by consecutive launches.
+  const int64_t block_bytes = int64_t(kWarps / S) * 16 * K;
+  for (int64_t window_mib : {4, 32}) {
+    const int64_t per_launch = std::max<int64_t>(1, (window_mib << 20) / block_bytes), n = blocks / per_launch;
+    const int64_t window = per_launch * block_bytes;
+    for (bool dependent : {true, false}) {
+      if (!ok || n < 2) break;
+      char name[64];
+      std::snprintf(name, sizeof name, "chain of %lld of %.1f MiB, %s", (long long)n, double(window) / (1 << 20),
+                    dependent ? "PDL" : "plain");
+      const double us = rate(name, n * window, [&] {
+        using dsv4::cuda::Launch;
+        for (int64_t i = 0; i < n; ++i) {
+          const uint8_t* w = m + i * window;
+          if (dependent) dsv4::cuda::launch(registers<2>, unsigned(per_launch), kThreads, 0, 0, w, K, S, out, true);
+          else dsv4::cuda::launch<Launch::plain>(registers<2>, unsigned(per_launch), kThreads, 0, 0, w, K, S, out, true);
+        }
+        check(cudaGetLastError(), "a chain's launches");
+      });
+      ok = us > 0;
+      if (ok)
+        std::printf("  %.2f us a launch, %.2f us of it more than its bytes at the long pass's rate\n", us / double(n),
+                    (us - long_pass * double(n * window) / double(matrix)) / double(n));
+    }
   }
   return ok ? 0 : 1;
 }
