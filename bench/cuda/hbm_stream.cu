@@ -166,19 +166,22 @@ __global__ void __launch_bounds__(kThreads) bulk(const uint8_t* m, int64_t bytes
 // (0 after an error).
 template <class Launch>
 double rate(const char* name, int64_t bytes, Launch launch) {
-  cudaEvent_t a, b;
-  if (!check(cudaEventCreate(&a), "event") || !check(cudaEventCreate(&b), "event")) return 0;
-  launch();
+  cudaEvent_t a = nullptr, b = nullptr;
+  bool ok = check(cudaEventCreate(&a), "event") && check(cudaEventCreate(&b), "event");
+  if (ok) launch();
   float best = 1e30f;
-  for (int r = 0; r < 3; ++r) {
+  for (int r = 0; r < 3 && ok; ++r) {
     cudaEventRecord(a);
     launch();
     cudaEventRecord(b);
-    if (!check(cudaEventSynchronize(b), name)) return 0;
+    ok = check(cudaEventSynchronize(b), name);
     float ms = 0;
     cudaEventElapsedTime(&ms, a, b);
     best = ms < best ? ms : best;
   }
+  for (cudaEvent_t e : {a, b})
+    if (e) cudaEventDestroy(e);
+  if (!ok) return 0;
   std::printf("%-36s %8.1f GB/s (%.1f us)\n", name, double(bytes) / (best * 1e-3) / 1e9, best * 1e3);
   return best * 1e3;
 }
@@ -237,6 +240,7 @@ int main(int argc, char** argv) {
       char name[64];
       std::snprintf(name, sizeof name, "chain of %lld of %.1f MiB, %s", (long long)n, double(window) / (1 << 20),
                     dependent ? "PDL" : "plain");
+      bool launched = true;  // a failed launch leaves the events' time meaningless
       const double us = rate(name, n * window, [&] {
         using dsv4::cuda::Launch;
         for (int64_t i = 0; i < n; ++i) {
@@ -244,9 +248,9 @@ int main(int argc, char** argv) {
           if (dependent) dsv4::cuda::launch(registers<2>, unsigned(per_launch), kThreads, 0, 0, w, K, S, out, true);
           else dsv4::cuda::launch<Launch::plain>(registers<2>, unsigned(per_launch), kThreads, 0, 0, w, K, S, out, true);
         }
-        check(cudaGetLastError(), "a chain's launches");
+        launched = check(cudaGetLastError(), "a chain's launches") && launched;
       });
-      ok = us > 0;
+      ok = us > 0 && launched;
       if (ok)
         std::printf("  %.2f us a launch, %.2f us of it more than its bytes at the long pass's rate\n", us / double(n),
                     (us - long_pass * double(n * window) / double(matrix)) / double(n));
