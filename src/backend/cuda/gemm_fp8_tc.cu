@@ -12,18 +12,26 @@
 // token counts cuBLASLt cannot take (kShortK below), and cuBLASLt the rest and every product on
 // devices without wgmma.
 //
-// A block takes 128 weight rows (one scale block: wgmma's A, from shared memory, 64 rows per
-// consumer warpgroup) against 128 token rows (B, from shared memory), the two K-major tiles of
-// 128-byte rows in wgmma's 128-byte swizzle. The grid is one block per SM, each taking tile after
-// tile. The producer warpgroup copies each K block's two tiles (16 KB each) and its 128 token
-// scales kStages − 1 blocks ahead (cp.async), across tiles; the two consumers multiply, then
-// promote, and while one promotes the other's products run. (Halves of 64 tokens, one promoted
+// A block takes kBM = 192 token rows (wgmma's A, 64 for each of three consumer warpgroups) against
+// 128 weight rows (one scale block: B), both K-major tiles of 128-byte rows in shared memory under
+// wgmma's 128-byte swizzle. Tokens as A leave each thread two token rows (lane / 4 and + 8) against
+// 32 weight rows in pairs: a K block's promotion takes two token scales, and the output leaves as
+// pairs of adjacent floats. The grid is one block per SM, each taking tile after tile. One producer
+// warp fills a ring of kStages stages, kStages − 1 K blocks ahead and across tiles: its lane 0 asks
+// the tensor memory accelerator for the two tiles (tensor maps made on the host, rows past T or the
+// product's rows zeros), its 32 lanes copy the tile's token scales by cp.async, and the stage's
+// `filled` barrier completes when both have landed. The consumers multiply, then promote; while one
+// promotes, the others' products keep the tensor cores busy. Each warp releases the stage at its
+// `emptied` barrier.
+//
+// Measured (one H100, 8K prefill, wq_b per call; bench/cuda_decode.md, fiftieth stop): the ring fed
+// by a warpgroup of cp.async copies (≈ 140 producer instructions per K block; the tensor maps take
+// two) with the weights as A and two consumers, 1 130 µs; fed by the tensor memory accelerator with
+// the tokens as A, 906; with three consumers (a block reads 40 KB from L2 per 6.3 MFLOP instead of
+// 32 KB per 4.2), 840, 652 TFLOP/s. Clusters of two blocks sharing each weight tile by TMA multicast
+// were slower (2 020 µs with two consumers, 1 567 with three). Halves of 64 tokens, one promoted
 // while the other's products run, would read the weight tile from shared memory twice: at
-// m64n64k32 the two operands take 128 bytes a cycle, all that shared memory gives, beside the
-// producer's copies.) The producer's instructions per K block had outnumbered a consumer's (≈ 440
-// against 230 in the SASS: each copy's tile, row and bounds found anew), so a tile's rows are now
-// found once, at its first block (≈ 140). The stages meet the consumers at barriers in shared
-// memory, one that fills and one that empties each stage, as in gemm_experts_tc.cu.
+// m64n64k32 the two operands take 128 bytes a cycle, all that shared memory gives.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -35,6 +43,7 @@
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/gemm_tc.h"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/tensor_map.h"
 #include "backend/cuda/weight_access.cuh"
 #include "backend/cuda/wgmma.cuh"
 
@@ -42,29 +51,37 @@ namespace dsv4::cuda {
 
 namespace {
 
-constexpr int kBM = 128, kBN = 128, kBK = 128, kStages = 6;  // weight rows, token rows, K per block
+// The consumer warpgroups, 64 token rows each: a block's tile is kBM token rows against kBN weight
+// rows (one scale block), over K blocks of kBK.
+constexpr int kGroups = 3;
+constexpr int kBM = 64 * kGroups, kBN = 128, kBK = 128;
 // Where the kernel runs rather than cuBLASLt (uses_tensor_core_fp8): products of K ≤ kShortK, where
-// it measured faster (one H100, 8K prefill, per call: wq_b with K 1 024, 1 259 against 1 538 µs; the
-// indexer's wq_b 350 against 413), and token counts cuBLASLt has no algorithm for (not a multiple of
-// 4: those ran on the exact FP64 kernels). With longer K cuBLASLt's kernels are faster (wo_b, K 8 192:
-// 748 against 1 147 µs; wq_a, K 4 096: 191 against 257): 128 × 128 tiles fed by cp.async move
-// twice the L2 bytes per product of theirs, and the kernel then waits on L2 (≈ 3.7 TB/s at wo_b).
+// it measured faster (one H100, 8K prefill, per call: wq_b with K 1 024, 840 µs against cuBLASLt's
+// 1 538 when last measured; the indexer's wq_b 242 against 413), and token counts cuBLASLt has no algorithm for (not a multiple of
+// 4: those ran on the exact FP64 kernels). At longer K the two measured alike (wo_b, K 8 192: 746
+// against 750 µs; wq_a, K 4 096: 191–194 against 194–199) or cuBLASLt ahead (wkv, 512 rows: 162–166
+// against 155–157), so those stay with cuBLASLt.
 constexpr int64_t kShortK = 1024;
 constexpr int kBandTiles = 8;  // weight row tiles per band of the tile order (see the kernel)
-constexpr int kProducers = 128, kConsumers = 256, kThreads = kProducers + kConsumers;
-// Registers per thread of each role once the roles split (setmaxnreg): together what the block is
-// given at launch, 168 a thread (__launch_bounds__ with one block per SM).
-constexpr int kProducerRegisters = 88, kConsumerRegisters = 208;
-static_assert(kProducers * kProducerRegisters + kConsumers * kConsumerRegisters == kThreads * 168, "the block's registers");
-static_assert(kProducers == kBN, "a producer thread copies one token's scale");
-// A stage: the weight tile, the token tile, the token scales (block_scales<kBN> floats), from a
-// swizzle period.
-constexpr int kTileBytes = kBM * kBK, kStageBytes = 2 * kTileBytes + block_scales<kBN> * 4;
+constexpr int kProducers = 128, kConsumers = 128 * kGroups, kThreads = kProducers + kConsumers;
+// Registers per thread of each role once the roles split (setmaxnreg): together no more than the
+// block is given at launch (__launch_bounds__ with one block per SM: the register file over the
+// threads, in eights). The producer warpgroup's one working warp needs few.
+constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8, kProducerRegisters = 32;
+constexpr int kConsumerRegisters =
+    std::min(232, (kLaunchRegisters * kThreads - kProducers * kProducerRegisters) / kConsumers / 8 * 8);
+static_assert(kProducers * kProducerRegisters + kConsumers * kConsumerRegisters <= kThreads * kLaunchRegisters,
+              "the block's registers");
+static_assert(kBM % 32 == 0, "the producer warp's lanes copy kBM / 32 token scales each");
+// A stage: the token tile, the weight tile (each from a swizzle period), the token scales; as many
+// stages as fit the 227 KB a block may have (less the static barriers).
+constexpr int kTokenBytes = kBM * kBK, kWeightBytes = kBN * kBK, kStageBytes = kTokenBytes + kWeightBytes + kBM * 4;
 constexpr int kStageStride = (kStageBytes + kSwizzlePeriod - 1) / kSwizzlePeriod * kSwizzlePeriod;
+constexpr int kStages = (227 * 1024 - kSwizzlePeriod - 256) / kStageStride;
 constexpr size_t kSmemBytes = kSwizzlePeriod + size_t(kStages) * kStageStride;
 
 #ifdef DSV4_WGMMA
-// d (+)= A · Bᵀ over 32 of K: A 64 weight rows, B 128 token rows, both e4m3 in shared memory;
+// d (+)= A · Bᵀ over 32 of K: A 64 token rows, B 128 weight rows, both e4m3 in shared memory;
 // d = A · Bᵀ when !accumulate.
 template <bool kAccumulate>
 __device__ __forceinline__ void wgmma_k32(float (&d)[64], uint64_t a, uint64_t b) {
@@ -82,17 +99,21 @@ __device__ __forceinline__ void wgmma_k32(float (&d)[64], uint64_t a, uint64_t b
 }
 #endif
 
-// x: the token rows' e4m3 codes [T][K]; sx: their scales [K/128][T]. Persistent: block b takes
-// tiles b, b + gridDim.x, … (in the band order below), and its K blocks run through the ring as one
-// sequence, so the producer fills the next tile's first stages while the consumers finish this one.
-__global__ void __launch_bounds__(kThreads, 1) fp8_gemm_kernel(GemmRequest p, const uint8_t* x, const float* sx) {
+// x_map, w_map: tensor maps of the token rows' e4m3 codes [T][K] and of the product's weight rows
+// [p.rows][K] (from row0), boxes of 128 rows; sx: the tokens' scales [K/128][T]. Persistent: block b
+// takes tiles b, b + gridDim.x, … (in the band order below), and its K blocks run through the ring
+// as one sequence, so the producer fills the next tile's first stages while the consumers finish
+// this one.
+__global__ void __launch_bounds__(kThreads, 1)
+    fp8_gemm_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map, GemmRequest p,
+                    const float* sx) {
 #ifdef DSV4_WGMMA
   await_previous_kernel();
   extern __shared__ unsigned char smem_base[];
   unsigned char* smem = at_swizzle_period(smem_base);
   __shared__ uint64_t filled[kStages], emptied[kStages];
   const LinearView& W = p.W;
-  const int64_t K = W.in, T = p.T, row_tiles = (p.rows + kBM - 1) / kBM, tiles = row_tiles * ((T + kBN - 1) / kBN);
+  const int64_t K = W.in, T = p.T, row_tiles = (p.rows + kBN - 1) / kBN, tiles = row_tiles * ((T + kBM - 1) / kBM);
   const int n_kb = int(K / kBK), tid = threadIdx.x, lane = tid % 32;
   const int64_t my_tiles = int64_t(blockIdx.x) < tiles ? (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
   const int64_t steps = my_tiles * n_kb;  // this block's K blocks, tile after tile
@@ -105,62 +126,52 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_gemm_kernel(GemmRequest p, co
     const int64_t tile = int64_t(blockIdx.x) + i * gridDim.x, band_size = kBandTiles * token_tiles;
     const int64_t band = tile / band_size, in_band = tile % band_size;
     const int64_t band_rows = min(int64_t(kBandTiles), row_tiles - band * kBandTiles);
-    return row ? (band * kBandTiles + in_band % band_rows) * kBM : in_band / band_rows * kBN;
+    return row ? (band * kBandTiles + in_band % band_rows) * kBN : in_band / band_rows * kBM;
   };
   auto row_of = [&](int64_t i) { return tile_at(i, true); };
   auto token_of = [&](int64_t i) { return tile_at(i, false); };
-  auto weights_of = [&](int slot) { return smem + slot * kStageStride; };
-  auto tokens_of = [&](int slot) { return smem + slot * kStageStride + kTileBytes; };
-  auto scales_of = [&](int slot) { return reinterpret_cast<float*>(smem + slot * kStageStride + 2 * kTileBytes); };
-  if (tid == 0)
-    for (int s = 0; s < kStages; ++s) barrier_init(&filled[s], kProducers), barrier_init(&emptied[s], kConsumers / 32);
+  auto tokens_of = [&](int slot) { return smem + slot * kStageStride; };
+  auto weights_of = [&](int slot) { return smem + slot * kStageStride + kTokenBytes; };
+  auto scales_of = [&](int slot) { return reinterpret_cast<float*>(smem + slot * kStageStride + kTokenBytes + kWeightBytes); };
+  if (tid == 0)  // filled: the producer warp's lanes (their scale copies) and lane 0's expected bytes
+    for (int s = 0; s < kStages; ++s) barrier_init(&filled[s], 32 + 1), barrier_init(&emptied[s], kConsumers / 32);
   __syncthreads();
 
   if (tid < kProducers) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegisters));
-    // Producer thread tid: 16-byte chunk tid % 8 of weight and token rows tid / 8 + 16i (a warp
-    // reads whole 128-byte rows; row tid / 8 + 16i's chunk lands 2 048 i bytes after row tid / 8's,
-    // keeping its swizzle), and token tid's scale. The steps come in order, so a tile's rows are
-    // found once, at its first K block, and kept in registers. A row past the matrix is zeros; its
-    // address is not read.
-    const int chunk = tid % 8;
-    const uint32_t to = shared_address(smem) + swizzled(tid / 8, chunk);
-    const uint32_t scale_to = shared_address(scales_of(0) + scale_place<kBN>(tid));
-    constexpr int kRows = kBM / 16;  // of each operand per thread
-    const uint8_t *w_at[kRows], *x_at[kRows];  // the tile's rows, at chunk
-    bool w_in[kRows], x_in[kRows];             // whether they are the matrix's
-    const float* token_scales = sx;            // the tile's token tid, K block 0
-    bool scale_in = false;
+    if (tid >= 32) return;
+    // Step s fills stage s % kStages once the consumers have emptied it (from the second round of
+    // the ring on). Lane l copies the scales of tokens l, l + 32, …; a token past T gets a zero,
+    // its address (sx) not read.
     int kb = 0, slot = 0;
-    auto issue = [&](int64_t step) {
-      if (kb == 0) {
-        const int64_t tile = step / n_kb, n0 = row_of(tile), t0 = token_of(tile);
-#pragma unroll
-        for (int i = 0; i < kRows; ++i) {
-          const int64_t row = tid / 8 + 16 * i;
-          w_at[i] = W.data + (p.row0 + n0 + row) * K + 16 * chunk, w_in[i] = n0 + row < p.rows;
-          x_at[i] = x + (t0 + row) * K + 16 * chunk, x_in[i] = t0 + row < T;
-        }
-        scale_in = t0 + tid < T, token_scales = sx + (t0 + tid);
+    int64_t t0 = 0, n0 = 0;
+    for (int64_t step = 0; step < steps; ++step) {
+      if (kb == 0) n0 = row_of(step / n_kb), t0 = token_of(step / n_kb);
+      if (step >= kStages) barrier_wait(&emptied[slot], int((step / kStages - 1) & 1));
+      if (lane == 0) {
+        barrier_expect_bytes(&filled[slot], kTokenBytes + kWeightBytes);
+        copy_tile(tokens_of(slot), &x_map, kb * kBK, int(t0), &filled[slot]);
+        copy_tile(weights_of(slot), &w_map, kb * kBK, int(n0), &filled[slot]);
       }
-      const uint32_t w_to = to + slot * kStageStride, x_to = w_to + kTileBytes, k0 = kb * kBK;
+      const float* from = sx + int64_t(kb) * T + t0;
 #pragma unroll
-      for (int i = 0; i < kRows; ++i) {
-        copy_async_16(w_to + 2048 * i, w_at[i] + k0, w_in[i]);
-        copy_async_16(x_to + 2048 * i, x_at[i] + k0, x_in[i]);
+      for (int e = 0; e < kBM / 32; ++e) {
+        const int token = lane + 32 * e;
+        const bool in = t0 + token < T;
+        copy_async_4(scales_of(slot) + token, in ? from + token : sx, in);
       }
-      copy_async_4(scale_to + slot * kStageStride, token_scales + int64_t(kb) * T, scale_in);
+      barrier_arrive_on_copies(&filled[slot]);
       kb = kb + 1 == n_kb ? 0 : kb + 1;
       slot = slot + 1 == kStages ? 0 : slot + 1;
-    };
-    produce_ring<kStages>(steps, filled, emptied, issue);
+    }
+    await_async_copies<0>();  // (the block's shared memory outlives the copies in flight)
     return;
   }
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegisters));
   const int ct = tid - kProducers, wg = ct / 128, warp = ct % 128 / 32;
-  const int wrow = 64 * wg + 16 * warp;  // the warp's 16 weight rows; this thread's: wrow + lane / 4 (+ 8)
   const int lr = lane / 4, lc = lane % 4;
+  const int trow = 64 * wg + 16 * warp + lr;  // this thread's token rows in the tile: trow and trow + 8
   int64_t step = 0;
   for (int64_t tile = 0; tile < my_tiles; ++tile) {
     const int64_t n0 = row_of(tile), t0 = token_of(tile);
@@ -170,21 +181,32 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_gemm_kernel(GemmRequest p, co
       const int slot = int(step % kStages);
       const float w_scale = scale_at(w_scales, kb, W.scale_is_f32);
       barrier_wait(&filled[slot], int((step / kStages) & 1));
-      const uint64_t a = tile_descriptor(weights_of(slot) + 64 * wg * kBK), b = tile_descriptor(tokens_of(slot));
+      const uint64_t a = tile_descriptor(tokens_of(slot) + 64 * wg * kBK), b = tile_descriptor(weights_of(slot));
       wgmma_begin();
       wgmma_k32<false>(part, a, b);
 #pragma unroll
       for (int q = 1; q < kBK / 32; ++q) wgmma_k32<true>(part, a + 2 * q, b + 2 * q);  // 32 bytes on, in 16s
       wgmma_commit();
       wgmma_finish(part);
-      promote(acc, part, scales_of(slot), lc, [w_scale](float s) { return s * w_scale; });
+      // part[4j + e]: token row trow (+ 8 for e ≥ 2) against weight row 8j + 2 lc + e % 2.
+      const float s0 = scales_of(slot)[trow] * w_scale, s8 = scales_of(slot)[trow + 8] * w_scale;
+#pragma unroll
+      for (int i = 0; i < 64; ++i) acc[i] = fmaf(i % 4 >= 2 ? s8 : s0, part[i], acc[i]);
       __syncwarp();
       if (lane == 0) barrier_arrive(&emptied[slot]);  // the warp is done with the stage
     }
 #pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      const int64_t n = n0 + wrow + lr + (i % 4 >= 2 ? 8 : 0), t = t0 + 8 * (i / 4) + 2 * lc + i % 2;
-      if (n < p.rows && t < T) p.y[t * p.y_stride + n] = round_bf16(acc[i]);
+    for (int h = 0; h < 2; ++h) {
+      const int64_t t = t0 + trow + 8 * h;
+      if (t >= T) continue;
+      float* y = p.y + t * p.y_stride;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const int64_t n = n0 + 8 * j + 2 * lc;
+        const float v0 = round_bf16(acc[4 * j + 2 * h]), v1 = round_bf16(acc[4 * j + 2 * h + 1]);
+        if (n + 1 < p.rows) *reinterpret_cast<float2*>(y + n) = make_float2(v0, v1);  // y rows 16-byte aligned
+        else if (n < p.rows) y[n] = v0;
+      }
     }
   }
 #endif
@@ -192,28 +214,33 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_gemm_kernel(GemmRequest p, co
 
 // The products the kernel can take: FP8 weights, K whole 128-blocks, rows from a scale block's first.
 bool fits_tensor_core_fp8(const GemmRequest& r) {
-  return r.W.format == kFp8 && r.W.in % kBK == 0 && r.row0 % kBM == 0 && r.W.scale_cols == r.W.in / kBK &&
+  return r.W.format == kFp8 && r.W.in % kBK == 0 && r.row0 % kBN == 0 && r.W.scale_cols == r.W.in / kBK &&
          device_has_wgmma();
 }
 
 }  // namespace
 
 bool uses_tensor_core_fp8(const GemmRequest& r) {
-  // DSV4_CUDA_CUBLASLT_FP8=1 leaves them all to cuBLASLt (to measure what the kernel buys).
-  static const bool cublaslt = [] {
+  // DSV4_CUDA_CUBLASLT_FP8=1 leaves them all to cuBLASLt, 0 gives the kernel every product it can
+  // take (to measure the two against each other).
+  static const int cublaslt = [] {
     const char* v = std::getenv("DSV4_CUDA_CUBLASLT_FP8");
-    return v != nullptr && std::strcmp(v, "1") == 0;
+    return v == nullptr ? -1 : std::strcmp(v, "1") == 0 ? 1 : std::strcmp(v, "0") == 0 ? 0 : -1;
   }();
-  return !cublaslt && fits_tensor_core_fp8(r) && (r.W.in <= kShortK || r.T % 4 != 0);
+  return cublaslt != 1 && fits_tensor_core_fp8(r) && (cublaslt == 0 || r.W.in <= kShortK || r.T % 4 != 0);
 }
 
 void CudaBackend::tensor_core_fp8(const GemmRequest& r, const uint8_t* x, const float* sx) {
   DSV4_CUDA_REQUIRE(fits_tensor_core_fp8(r), "FP8 tensor-core product: K ", r.W.in, " must be whole 128-blocks and row0 ",
                     r.row0, " a scale block's first row, on a Hopper (sm_90a)");
   if (r.T == 0 || r.rows == 0) return;
-  const int64_t tiles = (r.rows + kBM - 1) / kBM * ((r.T + kBN - 1) / kBN);
+  const int64_t tiles = (r.rows + kBN - 1) / kBN * ((r.T + kBM - 1) / kBM);
+  const int64_t K = r.W.in;
+  const CUtensorMap x_map = swizzled_byte_tiles(x, r.T, K, kBM, "FP8 tensor-core product's activations");
+  const CUtensorMap w_map = swizzled_byte_tiles(r.W.data + r.row0 * K, r.rows, K, kBN, "FP8 tensor-core product's weights");
   allow_shared_memory(reinterpret_cast<const void*>(fp8_gemm_kernel), kSmemBytes, "FP8 tensor-core product");
-  launch(fp8_gemm_kernel, unsigned(std::min<int64_t>(tiles, sm_count_)), kThreads, kSmemBytes, stream_, r, x, sx);
+  launch(fp8_gemm_kernel, unsigned(std::min<int64_t>(tiles, sm_count_)), kThreads, kSmemBytes, stream_, x_map, w_map, r,
+         sx);
   DSV4_CUDA_LAUNCHED("linear (FP8 tensor cores)");
 }
 

@@ -1,8 +1,8 @@
-// Hopper's asynchronous tensor-core products (wgmma) and the shared-memory barriers (mbarrier) and
-// bulk copies that feed them: what deepseek-tc's experts (gemm_experts_tc.cu), dense FP8 products
-// (gemm_fp8_tc.cu), indexer (indexer_fp4.cu) and attention (attention_tc.cu) kernels share. wgmma
-// exists on sm_90a alone: DSV4_WGMMA is defined where it does, and elsewhere (the sm_80 PTX) those
-// kernels are empty and never chosen (device_has_wgmma).
+// Hopper's asynchronous tensor-core products (wgmma) and the shared-memory barriers (mbarrier),
+// bulk copies and tensor-map copies that feed them: what deepseek-tc's experts
+// (gemm_experts_tc.cu), dense FP8 products (gemm_fp8_tc.cu), indexer (indexer_fp4.cu) and attention
+// (attention_tc.cu) kernels share. wgmma exists on sm_90a alone: DSV4_WGMMA is defined where it
+// does, and elsewhere (the sm_80 PTX) those kernels are empty and never chosen (device_has_wgmma).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -176,6 +176,24 @@ __device__ __forceinline__ void copy_bulk(void* dst, const void* src, uint32_t b
                    shared_address(dst)),
                "l"(src), "r"(bytes), "r"(shared_address(b))
                : "memory");
+}
+
+// The box of a tensor map (tensor_map.h) at element coordinates (inner, outer) from global to
+// shared memory by the tensor memory accelerator (one thread issues it), counted on barrier b's
+// current phase: all of the box's bytes, its rows past the array being zeros. The map is a kernel
+// parameter (__grid_constant__), addressed generically.
+__device__ __forceinline__ void copy_tile(void* dst, const void* map, int inner, int outer, uint64_t* b) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+          shared_address(dst)),
+      "l"(map), "r"(inner), "r"(outer), "r"(shared_address(b))
+      : "memory");
+}
+
+// An arrival on barrier b once this thread's cp.async copies issued so far have landed, without
+// raising the phase's count: b's count must include one for each thread that does this.
+__device__ __forceinline__ void barrier_arrive_on_copies(uint64_t* b) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(shared_address(b)) : "memory");
 }
 #endif
 
