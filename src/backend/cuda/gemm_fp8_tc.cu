@@ -24,14 +24,14 @@
 // promotes, the others' products keep the tensor cores busy. Each warp releases the stage at its
 // `emptied` barrier.
 //
-// Measured (one H100, 8K prefill, wq_b per call; bench/cuda_decode.md, fiftieth stop): the ring fed
-// by a warpgroup of cp.async copies (≈ 140 producer instructions per K block; the tensor maps take
-// two) with the weights as A and two consumers, 1 130 µs; fed by the tensor memory accelerator with
-// the tokens as A, 906; with three consumers (a block reads 40 KB from L2 per 6.3 MFLOP instead of
-// 32 KB per 4.2), 840, 652 TFLOP/s. Clusters of two blocks sharing each weight tile by TMA multicast
-// were slower (2 020 µs with two consumers, 1 567 with three). Halves of 64 tokens, one promoted
-// while the other's products run, would read the weight tile from shared memory twice: at
-// m64n64k32 the two operands take 128 bytes a cycle, all that shared memory gives.
+// Measured (one H100, 8K prefill, wq_b per call; bench/cuda_decode.md, forty-second session): the
+// ring fed by a warpgroup of cp.async copies (≈ 140 producer instructions per K block; the tensor
+// maps take two) with the weights as A and two consumers, 1 130 µs; fed by the tensor memory
+// accelerator with the tokens as A, 906; with three consumers (a block reads 40 KB from L2 per 6.3
+// MFLOP instead of 32 KB per 4.2), 840, 652 TFLOP/s. Clusters of two blocks sharing each weight
+// tile by TMA multicast were slower (2 020 µs with two consumers, 1 567 with three). Halves of 64
+// tokens, one promoted while the other's products run, would read the weight tile from shared
+// memory twice: at m64n64k32 the two operands take 128 bytes a cycle, all that shared memory gives.
 #include <cuda_runtime.h>
 
 #include <algorithm>
