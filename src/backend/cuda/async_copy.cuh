@@ -2,7 +2,7 @@
 // groups a thread commits and then waits for, all but its newest few. Used by the decode GEMV's
 // weight ring (gemm.cu), the integer tensor-core GEMM's plane staging (gemm_dmma.cu), and
 // deepseek-tc's attention rows (attention_tc.cu, bf16 rows), experts' operands (gemm_experts_tc.cu) and
-// dense FP8 products' operands and token scales (gemm_fp8_tc.cu).
+// dense FP8 products' token scales (gemm_fp8_tc.cu).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -43,7 +43,7 @@ __device__ __forceinline__ unsigned char* at_swizzle_period(unsigned char* smem)
 __device__ __forceinline__ int swizzled(int r, int c) { return r * 128 + 16 * (c ^ (r & 7)); }
 
 // The promotion of an m64nN product whose N are token rows (the FP8 products of gemm_experts_tc.cu,
-// N = 64, and gemm_fp8_tc.cu, N = 128): a thread's part[4j + e] is its weight row lr (+ 8 for
+// N = 64): a thread's part[4j + e] is its weight row lr (+ 8 for
 // e ≥ 2) against token 8j + 2 lc + e % 2 (lr = lane / 4, lc = lane % 4), and one 128-block of K's
 // partial is added to acc times its token's scale. A K block's N token scales sit in shared memory
 // at scale_place<N>(token) of block_scales<N> floats, so lane lc reads its N / 4 as float4 loads:
@@ -144,8 +144,8 @@ __device__ __forceinline__ void barrier_wait(uint64_t* b, int parity) {
         : "memory");
 }
 
-// The producer's side of a ring of kStages shared-memory stages fed by cp.async (the FP8 kernels,
-// gemm_experts_tc.cu and gemm_fp8_tc.cu): issue(step) copies step's operands into stage
+// The producer's side of a ring of kStages shared-memory stages fed by cp.async (the experts' FP8
+// kernel, gemm_experts_tc.cu): issue(step) copies step's operands into stage
 // step % kStages, kStages − 1 steps ahead; this thread arrives at the stage's `filled` barrier once
 // its copies of the step have landed, and refills a stage once its `emptied` barrier says the
 // consumers are done with it.
