@@ -57,10 +57,10 @@ constexpr int kGroups = 3;
 constexpr int kBM = 64 * kGroups, kBN = 128, kBK = 128;
 // Where the kernel runs rather than cuBLASLt (uses_tensor_core_fp8): products of K ≤ kShortK, where
 // it measured faster (one H100, 8K prefill, per call: wq_b with K 1 024, 840 µs against cuBLASLt's
-// 1 538 when last measured; the indexer's wq_b 242 against 413), and token counts cuBLASLt has no algorithm for (not a multiple of
-// 4: those ran on the exact FP64 kernels). At longer K the two measured alike (wo_b, K 8 192: 746
-// against 750 µs; wq_a, K 4 096: 191–194 against 194–199) or cuBLASLt ahead (wkv, 512 rows: 162–166
-// against 155–157), so those stay with cuBLASLt.
+// 1 538 when last measured; the indexer's wq_b 242 against 413), and token counts cuBLASLt has no
+// algorithm for (not a multiple of 4: those ran on the exact FP64 kernels). At longer K the two
+// measured alike (wo_b, K 8 192: 746 against 750 µs; wq_a, K 4 096: 191–194 against 194–199) or
+// cuBLASLt ahead (wkv, 512 rows: 162–166 against 155–157), so those stay with cuBLASLt.
 constexpr int64_t kShortK = 1024;
 constexpr int kBandTiles = 8;  // weight row tiles per band of the tile order (see the kernel)
 constexpr int kProducers = 128, kConsumers = 128 * kGroups, kThreads = kProducers + kConsumers;
@@ -99,11 +99,11 @@ __device__ __forceinline__ void wgmma_k32(float (&d)[64], uint64_t a, uint64_t b
 }
 #endif
 
-// x_map, w_map: tensor maps of the token rows' e4m3 codes [T][K] and of the product's weight rows
-// [p.rows][K] (from row0), boxes of 128 rows; sx: the tokens' scales [K/128][T]. Persistent: block b
-// takes tiles b, b + gridDim.x, … (in the band order below), and its K blocks run through the ring
-// as one sequence, so the producer fills the next tile's first stages while the consumers finish
-// this one.
+// x_map, w_map: tensor maps of the token rows' e4m3 codes [T][K] (boxes of kBM rows) and of the
+// product's weight rows [p.rows][K] from row0 (boxes of kBN); sx: the tokens' scales [K/128][T].
+// Persistent: block b takes tiles b, b + gridDim.x, … (in the band order below), and its K blocks
+// run through the ring as one sequence, so the producer fills the next tile's first stages while
+// the consumers finish this one.
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_gemm_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map, GemmRequest p,
                     const float* sx) {
@@ -132,7 +132,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto token_of = [&](int64_t i) { return tile_at(i, false); };
   auto tokens_of = [&](int slot) { return smem + slot * kStageStride; };
   auto weights_of = [&](int slot) { return smem + slot * kStageStride + kTokenBytes; };
-  auto scales_of = [&](int slot) { return reinterpret_cast<float*>(smem + slot * kStageStride + kTokenBytes + kWeightBytes); };
+  auto scales_of = [&](int slot) {
+    return reinterpret_cast<float*>(smem + slot * kStageStride + kTokenBytes + kWeightBytes);
+  };
   if (tid == 0)  // filled: the producer warp's lanes (their scale copies) and lane 0's expected bytes
     for (int s = 0; s < kStages; ++s) barrier_init(&filled[s], 32 + 1), barrier_init(&emptied[s], kConsumers / 32);
   __syncthreads();
@@ -237,7 +239,8 @@ void CudaBackend::tensor_core_fp8(const GemmRequest& r, const uint8_t* x, const 
   const int64_t tiles = (r.rows + kBN - 1) / kBN * ((r.T + kBM - 1) / kBM);
   const int64_t K = r.W.in;
   const CUtensorMap x_map = swizzled_byte_tiles(x, r.T, K, kBM, "FP8 tensor-core product's activations");
-  const CUtensorMap w_map = swizzled_byte_tiles(r.W.data + r.row0 * K, r.rows, K, kBN, "FP8 tensor-core product's weights");
+  const CUtensorMap w_map =
+      swizzled_byte_tiles(r.W.data + r.row0 * K, r.rows, K, kBN, "FP8 tensor-core product's weights");
   allow_shared_memory(reinterpret_cast<const void*>(fp8_gemm_kernel), kSmemBytes, "FP8 tensor-core product");
   launch(fp8_gemm_kernel, unsigned(std::min<int64_t>(tiles, sm_count_)), kThreads, kSmemBytes, stream_, x_map, w_map, r,
          sx);
