@@ -68,10 +68,10 @@ constexpr int kProducers = 128, kConsumers = 128 * kGroups, kThreads = kProducer
 // block is given at launch (__launch_bounds__ with one block per SM: the register file over the
 // threads, in eights). The producer warpgroup's one working warp needs few.
 constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8, kProducerRegisters = 32;
-constexpr int kConsumerRegisters =
-    std::min(232, (kLaunchRegisters * kThreads - kProducers * kProducerRegisters) / kConsumers / 8 * 8);
+constexpr int kConsumerRegisters = (kLaunchRegisters * kThreads - kProducers * kProducerRegisters) / kConsumers / 8 * 8;
 static_assert(kProducers * kProducerRegisters + kConsumers * kConsumerRegisters <= kThreads * kLaunchRegisters,
               "the block's registers");
+static_assert(kConsumerRegisters <= 256, "setmaxnreg's largest count");
 static_assert(kBM % 32 == 0, "the producer warp's lanes copy kBM / 32 token scales each");
 // A stage: the token tile, the weight tile (each from a swizzle period), the token scales; as many
 // stages as fit the 227 KB a block may have (less the static barriers).

@@ -43,9 +43,9 @@ __device__ __forceinline__ unsigned char* at_swizzle_period(unsigned char* smem)
 __device__ __forceinline__ int swizzled(int r, int c) { return r * 128 + 16 * (c ^ (r & 7)); }
 
 // The promotion of an m64nN product whose N are token rows (the FP8 products of gemm_experts_tc.cu,
-// N = 64): a thread's part[4j + e] is its weight row lr (+ 8 for
-// e ≥ 2) against token 8j + 2 lc + e % 2 (lr = lane / 4, lc = lane % 4), and one 128-block of K's
-// partial is added to acc times its token's scale. A K block's N token scales sit in shared memory
+// N = 64): a thread's part[4j + e] is its weight row lr (+ 8 for e ≥ 2) against token
+// 8j + 2 lc + e % 2 (lr = lane / 4, lc = lane % 4), and one 128-block of K's partial is added to
+// acc times its token's scale. A K block's N token scales sit in shared memory
 // at scale_place<N>(token) of block_scales<N> floats, so lane lc reads its N / 4 as float4 loads:
 // tokens 8j + 2c + e at c · scale_group<N> + 2j + e (the groups padded so the four c lie on
 // different banks).
@@ -184,8 +184,8 @@ __device__ __forceinline__ void copy_bulk(void* dst, const void* src, uint32_t b
 // parameter (__grid_constant__), addressed generically.
 __device__ __forceinline__ void copy_tile(void* dst, const void* map, int inner, int outer, uint64_t* b) {
   asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
-          shared_address(dst)),
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+      "[%0], [%1, {%2, %3}], [%4];" ::"r"(shared_address(dst)),
       "l"(map), "r"(inner), "r"(outer), "r"(shared_address(b))
       : "memory");
 }
