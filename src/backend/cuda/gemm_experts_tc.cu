@@ -32,12 +32,19 @@
 // partials of 32 and 16 fragment registers a consumer thread.
 //
 // The work is split by warpgroup, meeting only at barriers in shared memory (one per stage that
-// fills, one that empties). The tile's weight scales reach shared memory once, at its start. The
+// fills, one that empties). The tile's weight scales reach shared memory once, at its start, made
+// into a table by the consumers while the producer starts the first stages' activation copies. The
 // producer (warpgroup 0) copies each K block's activations (32 KB, 128-byte rows swizzled as wgmma
 // reads them), their scales and the raw weight bytes (8 KB) kStages − 1 blocks ahead (cp.async, a
 // warp's copies whole rows); it skips the rows past the tile's, whose products are never stored.
 // The two consumers (warpgroups 1 and 2, 64 weight rows each) multiply and promote, then make the
 // next block's fragments. The registers are moved to the consumers (setmaxnreg).
+//
+// The tile's outputs leave through shared memory: each consumer thread's 128 values go to their
+// token rows in the stages' memory, then each token row's 128 outputs to its output row as 16-byte
+// stores. Stored from the registers, each value took its own address and 4-byte store, and the
+// unrolled stores were half the kernel's code: ncu put ≈ 27% of a consumer's time there
+// (bench/cuda_decode.md, forty-third session).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -79,6 +86,11 @@ size_t smem_bytes(int64_t K) { return kSwizzlePeriod + kTableOff + size_t(kBN * 
 // Where token row t's offset in x sits in the producer's table: row t = g + 16i (g < 16) is copy i of
 // the producer threads 8g … 8g + 7, which read their 16 rows' offsets as four 16-byte loads.
 __host__ __device__ constexpr int x_offset(int t) { return t % 16 * (kBM / 16) + t / 16; }
+// The tile's outputs leave through the stages' memory (free once both consumers are past their last
+// products): [kBM token rows][kOutPitch floats]. A pitch of 132 words puts a store instruction's
+// four token rows (2 lc apart) on different banks.
+constexpr int kOutPitch = kBN + 4;
+static_assert(size_t(kBM) * kOutPitch * 4 <= kRowScaleOff, "the staged outputs fit in the stages");
 // The dynamic shared memory a block may ask for: 227 KB less the kernel's own arrays (7.1 KB) and
 // a margin.
 constexpr size_t kSmemLimit = 217 * 1024;
@@ -143,6 +155,16 @@ __device__ __forceinline__ void wgmma_k32(float (&d)[32], const uint32_t* a, uin
 
 #endif
 
+// Barriers of the consumer warpgroups alone (the producer's warps may have left), of the producer's
+// alone, and the consumers' word to the producer that the table of weight scales is made (the
+// producer waits, the consumers go on).
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory"); }
+__device__ __forceinline__ void producers_sync() { asm volatile("bar.sync 2, %0;" ::"n"(kProducers) : "memory"); }
+__device__ __forceinline__ void table_ready(bool wait) {
+  if (wait) asm volatile("bar.sync 3, %0;" ::"n"(kThreads) : "memory");
+  else asm volatile("bar.arrive 3, %0;" ::"n"(kThreads) : "memory");
+}
+
 // x: the activations' e4m3 codes, rows of K in fragment order; sx: their scales [source rows][K/128].
 __global__ void __launch_bounds__(kThreads, 1)
     experts_fp8_kernel(GemmRequest p, const uint8_t* x, const float* sx, Grouping g) {
@@ -160,15 +182,27 @@ __global__ void __launch_bounds__(kThreads, 1)
   LinearView W;
   if (!tile_rows<kBM>(p, g, kBN, src_of, out_of, W)) return;
   const int tid = threadIdx.x, lane = tid % 32;
+  if (tid == 0)
+    for (int s = 0; s < kStages; ++s) barrier_init(&filled[s], kProducers), barrier_init(&emptied[s], kConsumers / 32);
   const int n_rows = __syncthreads_count(tid < kBM && out_of[tid] >= 0);  // the tile's rows come first
   const int64_t n0 = int64_t(blockIdx.x) * kBN, K = p.W.in;
   const int n_kb = int((K + kBK - 1) / kBK), n_sub = int(K / 32), stride = int(scale_stride(K));
 
-  // Thread (row tid % kBN, half tid / kBN), below 2 kBN, copies the words of every other K block of
-  // the row's scale bytes (zeros past K) into the table and keeps their largest byte; R is the
-  // larger half's, less kTopShift.
-  if (tid < 2 * kBN) {
-    const int r = tid % kBN, half = tid / kBN;
+  // The producer lays out the token rows' offsets and starts the first stages' activation copies while
+  // the consumers make the table of weight scales the weight copies need (table_ready).
+  if (tid < kProducers) {
+    // Each token row's offsets in x and sx (32 bits: fits_tensor_core_experts), x's in the order each
+    // producer thread reads them (see x_offset).
+    for (int t = tid; t < kBM; t += kProducers) {
+      const int32_t src = t < n_rows ? int32_t(src_of[t]) : 0;
+      x_offsets[x_offset(t)] = src * int32_t(K), sx_offsets[t] = src * n_kb;
+    }
+    producers_sync();
+  } else {
+    // Consumer thread c = (row c % kBN, half c / kBN) copies the words of every other K block of the
+    // row's scale bytes (zeros past K) into the table and keeps their largest byte; R is the larger
+    // half's, less kTopShift; then the same thread's words become shift entries (shift_entry).
+    const int c = tid - kProducers, r = c % kBN, half = c / kBN;
     const int64_t n = n0 + r;
     const uint8_t* row = scale_row<kFp4>(W, n < p.rows ? p.row0 + n : 0);
     uint32_t* table = reinterpret_cast<uint32_t*>(scales + r * stride);
@@ -191,19 +225,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (w0 + 2 * i < n_kb) table[w0 + 2 * i] = v[i], top = __vmaxu4(top, v[i]);
     }
     row_top[half][r] = int(largest_byte(top));
-  } else {  // the rest: each token row's offsets in x and sx for the producer (32 bits: fits_tensor_core_experts),
-            // x's in the order each producer thread reads them (see x_offset)
-    for (int t = tid - 2 * kBN; t < kBM; t += kThreads - 2 * kBN) {
-      const int32_t src = t < n_rows ? int32_t(src_of[t]) : 0;
-      x_offsets[x_offset(t)] = src * int32_t(K), sx_offsets[t] = src * n_kb;
-    }
-  }
-  if (tid == 0)
-    for (int s = 0; s < kStages; ++s) barrier_init(&filled[s], kProducers), barrier_init(&emptied[s], kConsumers / 32);
-  __syncthreads();
-  if (tid < 2 * kBN) {  // the same thread's words become shift entries (shift_entry)
-    const int r = tid % kBN, half = tid / kBN, R = max(row_top[0][r], row_top[1][r]) - kTopShift;
-    uint32_t* table = reinterpret_cast<uint32_t*>(scales + r * stride);
+    consumers_sync();
+    const int R = max(row_top[0][r], row_top[1][r]) - kTopShift;
     for (int w = half; w < n_kb; w += 2) {
       const uint32_t v = table[w];
       uint32_t entries = 0;
@@ -212,8 +235,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       table[w] = entries;
     }
     if (half == 0) row_scale[r] = ldexpf(1.0f, R - 127);
+    consumers_sync();
+    table_ready(false);
   }
-  __syncthreads();
 
   if (tid < kProducers) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegisters));
@@ -242,7 +266,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     const int4* my_x_offsets = reinterpret_cast<const int4*>(x_offsets + x_offset(tid / 8));
     const int32_t K32 = int32_t(K), rows_left = n_rows - tid / 8;  // row tid / 8 + 16i is the tile's if 16i < rows_left
-    auto issue = [&](int kb) {
+    auto issue_tokens = [&](int kb) {
       const int slot = kb % kStages;
       const int32_t k0 = kb * kBK;
       const bool chunk_in = k0 + 16 * chunk < K32;
@@ -261,6 +285,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int j = 0; j < 2; ++j)
         copy_async_4(sx_to[j] + slot * kScaleBytes, sx + (uint32_t(sx_at[j]) + kb), tid + kProducers * j < n_rows);
+    };
+    auto issue_weights = [&](int kb) {
+      const int slot = kb % kStages;
+      const int32_t k0 = kb * kBK;
       const bool w_chunk_in = k0 + 32 * w_chunk < K32;
       uint32_t entry[kRawCopies];
 #pragma unroll
@@ -271,7 +299,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         copy_async_16(raw_to + slot * kRawBytes + 2048 * i, W.data + (ok ? w_at[i] + k0 / 2 : 0), ok);
       }
     };
-    produce_ring<kStages>(n_kb, filled, emptied, issue);
+    auto fill = [&](int steps) {  // the first stages: their activations before the table is ready
+      for (int kb = 0; kb < steps; ++kb) issue_tokens(kb);
+      table_ready(true);
+      for (int kb = 0; kb < steps; ++kb) issue_weights(kb);
+    };
+    produce_ring<kStages>(n_kb, filled, emptied, fill, [&](int kb) { issue_tokens(kb), issue_weights(kb); });
     return;
   }
 
@@ -342,14 +375,31 @@ __global__ void __launch_bounds__(kThreads, 1)
         fragments(kb + 1, f);
       }
     }
+    // The outputs, rounded, to their token rows in shared memory (once both consumers' products are done),
+    // then each token row's 128 to its output row in 16-byte stores, a warp a row.
+    const float scale_of[2] = {row_scale[wrow + lr], row_scale[wrow + lr + 8]};
+    consumers_sync();
+    float* staged = reinterpret_cast<float*>(smem + kXOff);
 #pragma unroll
     for (int q = 0; q < kQ; ++q)
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
         const int row = wrow + lr + (i % 4 >= 2 ? 8 : 0), token = kQuarter * q + 8 * (i / 4) + 2 * lc + i % 2;
-        const int64_t m = out_of[token];
-        if (m >= 0 && n0 + row < p.rows) p.y[m * p.y_stride + n0 + row] = round_bf16(acc[q][i] * row_scale[row]);
+        staged[token * kOutPitch + row] = round_bf16(acc[q][i] * scale_of[i % 4 / 2]);
       }
+    consumers_sync();
+    const bool vectors = reinterpret_cast<uintptr_t>(p.y) % 16 == 0 && p.y_stride % 4 == 0;
+    for (int c = ct; c < n_rows * (kBN / 4); c += kConsumers) {
+      const int token = c / (kBN / 4), col = 4 * (c % (kBN / 4));
+      const float4 v = *reinterpret_cast<const float4*>(staged + token * kOutPitch + col);
+      float* y = p.y + out_of[token] * p.y_stride + n0 + col;
+      if (vectors && n0 + col + 4 <= p.rows) {
+        *reinterpret_cast<float4*>(y) = v;
+      } else {
+        const float e[4] = {v.x, v.y, v.z, v.w};
+        for (int j = 0; j < 4 && n0 + col + j < p.rows; ++j) y[j] = e[j];
+      }
+    }
   };
   static_assert(kQuarters == 4, "one case per quarter count");
   switch ((n_rows + kQuarter - 1) / kQuarter) {

@@ -146,16 +146,15 @@ __device__ __forceinline__ void barrier_wait(uint64_t* b, int parity) {
 
 // The producer's side of a ring of kStages shared-memory stages fed by cp.async (the experts' FP8
 // kernel, gemm_experts_tc.cu): issue(step) copies step's operands into stage
-// step % kStages, kStages − 1 steps ahead; this thread arrives at the stage's `filled` barrier once
-// its copies of the step have landed, and refills a stage once its `emptied` barrier says the
-// consumers are done with it.
-template <int kStages, class Issue>
-__device__ __forceinline__ void produce_ring(int64_t steps, uint64_t* filled, uint64_t* emptied, Issue issue) {
+// step % kStages, kStages − 1 steps ahead; fill(n) copies those of the first n steps (n < kStages, in
+// any order: they land as one group). This thread arrives at a stage's `filled` barrier once its
+// copies of the step have landed, and refills a stage once its `emptied` barrier says the consumers
+// are done with it.
+template <int kStages, class Fill, class Issue>
+__device__ __forceinline__ void produce_ring(int64_t steps, uint64_t* filled, uint64_t* emptied, Fill fill, Issue issue) {
   constexpr int kAhead = kStages - 1;
-  for (int64_t step = 0; step < kAhead; ++step) {
-    if (step < steps) issue(step);
-    commit_async_copies();  // (empty groups keep the count per step uniform)
-  }
+  fill(int(steps < kAhead ? steps : kAhead));
+  for (int step = 0; step < kAhead; ++step) commit_async_copies();  // (empty groups keep the count per step uniform)
   for (int64_t step = 0; step < steps; ++step) {
     await_async_copies<kAhead - 1>();  // this step's copies, this thread's
     fence_for_tensor_cores();
