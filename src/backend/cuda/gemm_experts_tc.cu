@@ -43,8 +43,8 @@
 // The tile's outputs leave through shared memory: each consumer thread's 128 values go to their
 // token rows in the stages' memory, then each token row's 128 outputs to its output row as 16-byte
 // stores. Stored from the registers, each value took its own address and 4-byte store, and the
-// unrolled stores were half the kernel's code: ncu put ≈ 27% of a consumer's time there
-// (bench/cuda_decode.md, forty-third session).
+// unrolled stores were 43% of the kernel's code: ncu's stall samples put ≈ 27% of a consumer's
+// time there (bench/cuda_decode.md, forty-third session).
 #include <cuda_runtime.h>
 
 #include <algorithm>
