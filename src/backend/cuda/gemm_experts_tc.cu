@@ -155,15 +155,14 @@ __device__ __forceinline__ void wgmma_k32(float (&d)[32], const uint32_t* a, uin
 
 #endif
 
-// Barriers of the consumer warpgroups alone (the producer's warps may have left), of the producer's
-// alone, and the consumers' word to the producer that the table of weight scales is made (the
-// producer waits, the consumers go on).
+// Barriers of the consumer warpgroups alone (the producer's warps may have left) and of the
+// producer's alone; and the consumers' word to the producer that the table of weight scales is made,
+// one barrier at which the consumers arrive and go on (table_made) and the producer waits
+// (await_table).
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory"); }
 __device__ __forceinline__ void producers_sync() { asm volatile("bar.sync 2, %0;" ::"n"(kProducers) : "memory"); }
-__device__ __forceinline__ void table_ready(bool wait) {
-  if (wait) asm volatile("bar.sync 3, %0;" ::"n"(kThreads) : "memory");
-  else asm volatile("bar.arrive 3, %0;" ::"n"(kThreads) : "memory");
-}
+__device__ __forceinline__ void table_made() { asm volatile("bar.arrive 3, %0;" ::"n"(kThreads) : "memory"); }
+__device__ __forceinline__ void await_table() { asm volatile("bar.sync 3, %0;" ::"n"(kThreads) : "memory"); }
 
 // x: the activations' e4m3 codes, rows of K in fragment order; sx: their scales [source rows][K/128].
 __global__ void __launch_bounds__(kThreads, 1)
@@ -189,7 +188,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int n_kb = int((K + kBK - 1) / kBK), n_sub = int(K / 32), stride = int(scale_stride(K));
 
   // The producer lays out the token rows' offsets and starts the first stages' activation copies while
-  // the consumers make the table of weight scales the weight copies need (table_ready).
+  // the consumers make the table of weight scales the weight copies need (table_made, await_table).
   if (tid < kProducers) {
     // Each token row's offsets in x and sx (32 bits: fits_tensor_core_experts), x's in the order each
     // producer thread reads them (see x_offset).
@@ -236,7 +235,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     if (half == 0) row_scale[r] = ldexpf(1.0f, R - 127);
     consumers_sync();
-    table_ready(false);
+    table_made();
   }
 
   if (tid < kProducers) {
@@ -301,7 +300,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     auto fill = [&](int steps) {  // the first stages: their activations before the table is ready
       for (int kb = 0; kb < steps; ++kb) issue_tokens(kb);
-      table_ready(true);
+      await_table();
       for (int kb = 0; kb < steps; ++kb) issue_weights(kb);
     };
     produce_ring<kStages>(n_kb, filled, emptied, fill, [&](int kb) { issue_tokens(kb), issue_weights(kb); });
