@@ -388,16 +388,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     consumers_sync();
     const bool vectors = reinterpret_cast<uintptr_t>(p.y) % 16 == 0 && p.y_stride % 4 == 0;
+    static_assert(kRowGroup == 4, "a float4 of the staged row");
     for (int c = ct; c < n_rows * (kBN / 4); c += kConsumers) {
       const int token = c / (kBN / 4), col = 4 * (c % (kBN / 4));
-      const float4 v = *reinterpret_cast<const float4*>(staged + token * kOutPitch + col);
-      float* y = p.y + out_of[token] * p.y_stride + n0 + col;
-      if (vectors && n0 + col + 4 <= p.rows) {
-        *reinterpret_cast<float4*>(y) = v;
-      } else {
-        const float e[4] = {v.x, v.y, v.z, v.w};
-        for (int j = 0; j < 4 && n0 + col + j < p.rows; ++j) y[j] = e[j];
-      }
+      const float4 q = *reinterpret_cast<const float4*>(staged + token * kOutPitch + col);
+      const float v[kRowGroup] = {q.x, q.y, q.z, q.w};
+      store4(p.y + out_of[token] * p.y_stride + n0, col, p.rows - n0, vectors && n0 + col + kRowGroup <= p.rows, v);
     }
   };
   static_assert(kQuarters == 4, "one case per quarter count");
