@@ -52,6 +52,7 @@
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/fp4_e5m2.cuh"
 #include "backend/cuda/gemm_experts_tc.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/row_grouping.cuh"
@@ -70,7 +71,6 @@ constexpr int kProducers = 128, kConsumers = 256, kThreads = kProducers + kConsu
 constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
 static_assert(kProducers * kProducerRegisters + kConsumers * kConsumerRegisters == kThreads * 168, "the block's registers");
 static_assert(2 * kProducers == kBM, "a producer thread copies two token rows' scales");
-constexpr int kTopShift = 13;  // 6 · 2^13 is below e5m2's largest, 57 344; 0.5 · 2^-13 its smallest normal
 // A stage: the activations, the raw weights, the tokens' scales (block_scales<kQuarter> per quarter).
 constexpr int kXBytes = kBM * kBK, kRawBytes = kBN * kBK / 2, kQuarterScales = block_scales<kQuarter>;
 constexpr int kScaleBytes = kQuarters * kQuarterScales * 4;
@@ -98,43 +98,6 @@ constexpr size_t kSmemLimit = 217 * 1024;
 // Where chunk c of raw weight row r sits in its 64 bytes: the 8 rows one ldmatrix matrix reads
 // land on distinct banks.
 __device__ __forceinline__ int raw_chunk(int r, int c) { return r * 64 + 16 * (c ^ ((r >> 1) & 3)); }
-
-__device__ __forceinline__ uint32_t permute(uint32_t a, uint32_t b, uint32_t selector) {
-  uint32_t d;  // prmt's own semantics: a selector nibble's top bit replicates the picked byte's sign
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(selector));
-  return d;
-}
-
-// A 32-block's entry in the weight scale table: u = 4 (t + kTopShift) for its shift t = scale − R
-// in [−kTopShift, kTopShift], kDropped for a block more than that below (its codes are copied as
-// zeros).
-constexpr uint32_t kDropped = 0xFF;
-__device__ __forceinline__ uint32_t shift_entry(int scale, int R) {
-  const int t = scale - R;
-  return t < -kTopShift ? kDropped : uint32_t(4 * (t + kTopShift));
-}
-
-// The e5m2 codes of the e2m1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 times 2^t, negated (the sign
-// bit set: e2m1x8_e5m2 clears it for positive codes), by byte (codes 0–3, 4–7), from the entry u of
-// byte q of `entries`: the exponent field moves by t, each byte's sum stays below 256; zero stays
-// zero. For a dropped block only code 0 occurs, whose byte is right whatever u is.
-template <int kQ>
-__device__ __forceinline__ uint2 e5m2_table(uint32_t entries) {
-  constexpr uint32_t q = kQ;
-  const uint32_t u_high3 = permute(entries, 0, 0x4 | q << 4 | q << 8 | q << 12), u_all4 = permute(entries, 0, q * 0x1111);
-  // 0x80 | 0x38, 0x3C, 0x3E and 0x40, 0x42, 0x44, 0x46 (2^-1 … 6 at t = 0) less 4 · kTopShift
-  return make_uint2(u_high3 + 0x8A888480u, u_all4 + 0x92908E8Cu);
-}
-
-// Eight e2m1 codes (the first in the low nibble) as eight e5m2 bytes by `table`.
-__device__ __forceinline__ uint2 e2m1x8_e5m2(uint32_t w, uint2 table) {
-  const uint32_t magnitude = w & 0x77777777u;
-  const uint32_t lo = permute(table.x, table.y, magnitude), hi = permute(table.x, table.y, magnitude >> 16);
-  // 0x01 per positive code, 0x00 per negative one (its selector's top bit replicates 0x01's sign);
-  // subtracting 0x80 per positive code clears that byte's sign bit, borrowing nothing.
-  const uint32_t lo_pos = permute(0x01010101u, 0x01010101u, w), hi_pos = permute(0x01010101u, 0x01010101u, w >> 16);
-  return make_uint2(lo - 0x80u * lo_pos, hi - 0x80u * hi_pos);
-}
 
 #ifdef DSV4_WGMMA
 // d (+)= A · Bᵀ over 32 of K: A 64 rows of e5m2 in registers (a: this thread's fragment), B 64
