@@ -38,8 +38,9 @@ TEST(ChatFormat, OfficialFixturesByteExact) {
     std::string expected = read_file(source_path("tests/tokenizer/data/chat_fixtures/test_output_" +
                                                  std::to_string(n) + ".txt"));
     EXPECT_EQ(prompt.text, expected) << "fixture " << n;
-    if (const Tokenizer* tok = testing::v4_tokenizer())  // no control strings in the text: same ids
+    if (const Tokenizer* tok = testing::v4_tokenizer()) {  // no control strings in the text: same ids
       EXPECT_EQ(prompt.encode(*tok), tok->encode(expected)) << "fixture " << n;
+    }
   }
 }
 
